@@ -1,0 +1,13 @@
+"""Experiment configs: one Python file per experiment, each with `get_config()`.
+
+`--config=NAME` on the command line names a file here; a path to any other
+config file (`--config=path/to/my_config.py`) works too.
+"""
+import os
+
+NAMES = ("mnist_cnn", "synthetic")
+
+
+def path_of(name: str) -> str:
+  """The file that defines config `name`."""
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")

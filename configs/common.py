@@ -1,0 +1,50 @@
+"""Every default of every field; experiment configs start here and change a few.
+
+The trainer reads `config.x` and never `config.get("x", default)`: a field that
+is not here does not exist (the config is locked, so a typo on the command line
+is an error, not a silently ignored flag).
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  config.model = ml_collections.ConfigDict()
+  config.model.name = "mnist_cnn"      # models/<name>.py: mnist_cnn | mlp
+  config.model.conv_filters = 32       # mnist_cnn: filters of the 3x3 convolution
+  config.model.dense_units = 64        # mnist_cnn: units of the hidden dense layer
+  config.model.mlp_units = 128         # mlp: units of the hidden dense layer
+  config.model.dropout_rate = 0.2      # mlp: dropout after the hidden layer
+
+  config.data = ml_collections.ConfigDict()
+  config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist
+  config.data.dir = ""                 # four IDX files (.gz or not) or mnist.npz; "" = Keras download/cache
+  config.data.num_train_examples = 10_000  # synthetic only: size of the training split
+  config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
+
+  config.train = ml_collections.ConfigDict()
+  config.train.steps = 300             # total optimizer steps of the run
+  config.train.global_batch_size = 64  # examples per step, summed over all replicas
+  config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
+  config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
+  config.train.learning_rate = 1e-3    # constant learning rate
+  config.train.momentum = 0.9          # momentum and rmsprop only
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end
+  config.eval.global_batch_size = 500  # examples per eval step; the last partial batch is evaluated too
+
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved
+  config.checkpoint.max_to_keep = 3    # newest checkpoints kept on disk
+  config.checkpoint.async_save = True  # write in the background while training goes on
+
+  config.runtime = ml_collections.ConfigDict()
+  config.runtime.strategy = "default"  # default | one_device | mirrored | multi_worker_mirrored | parameter_server | central_storage | tpu
+  config.runtime.num_cpu_devices = 1   # logical CPU devices, so `mirrored` runs data-parallel on a CPU-only machine
+  config.runtime.seed = 0              # weights, data order and dropout all follow from it
+  config.runtime.deterministic = False # bit-reproducible kernels (tf.config.experimental.enable_op_determinism)
+  config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
+  config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
+  return config

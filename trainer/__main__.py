@@ -1,0 +1,136 @@
+"""`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
+
+Order matters here: flags, config and data are checked before TensorFlow is
+imported and before anything is written, so bad input costs a second and leaves
+model_dir untouched. Exit codes: 0 done, 1 failure, 2 bad input, 42 preempted.
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter, unless asked
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=wrong-import-position
+from absl import logging  # pylint: disable=wrong-import-position
+from ml_collections import config_flags  # pylint: disable=wrong-import-position
+
+import configs  # pylint: disable=wrong-import-position
+import input_pipelines  # pylint: disable=wrong-import-position
+from trainer import outputs  # pylint: disable=wrong-import-position
+from trainer import validation  # pylint: disable=wrong-import-position
+from trainer.errors import NonFiniteError, UserError  # pylint: disable=wrong-import-position
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", default=configs.path_of("synthetic"), lock_config=True,
+    help_string=f"a config name ({', '.join(configs.NAMES)}) or a path to a config file")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
+                                 required=True)
+_MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    return _run(_load_config(), _MODEL_DIR.value, _MODE.value)
+  except (UserError, input_pipelines.DataError) as e:
+    _fail(EXIT_BAD_INPUT, e)
+  except NonFiniteError as e:
+    _fail(EXIT_FAILURE, e)
+
+
+def _run(config, model_dir: str, mode: str) -> int:
+  validation.check_config(config)
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise UserError(f"--model_dir={model_dir} exists and is not a directory")
+  if mode == "continuous_eval":
+    raise UserError("--mode=continuous_eval is not yet supported")
+  if mode in ("train", "train_and_eval"):
+    step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
+    if step is not None:
+      print(f"Already finished at step {step} in {model_dir}; nothing to do "
+            f"(summary: {outputs.summary_path(model_dir)}).")
+      return EXIT_OK
+  splits = input_pipelines.load(config.data, config.runtime.seed)
+
+  # Only now the runtime: nothing above needs TensorFlow.
+  from trainer import loop  # pylint: disable=g-import-not-at-top
+  from trainer import runtime  # pylint: disable=g-import-not-at-top
+  runtime.configure(config.runtime)
+  strategy = runtime.create_strategy(config.runtime)
+  runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+
+  trainer = loop.Trainer(config, model_dir, strategy, splits)
+  try:
+    if mode in ("train", "train_and_eval"):
+      summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
+      logging.info("Done: %s", json.dumps(summary))
+      return EXIT_OK
+    step = trainer.checkpoints.latest_step()
+    if step is None:
+      raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
+    trainer.restore_latest()
+    if mode == "eval":
+      result = trainer.evaluate(step)
+      print(json.dumps({"step": step, **result}))
+    elif mode == "export":
+      print(trainer.export(step))
+    return EXIT_OK
+  finally:
+    trainer.close()
+
+
+def _load_config():
+  try:
+    config = _CONFIG.value
+    config.lock()  # touching the config surfaces a load failure here
+  except (IOError, AttributeError) as e:
+    raise UserError(f"cannot load --config: {str(e).splitlines()[0]}") from None
+  return config
+
+
+def _resolve_config_name(argv: list[str]) -> list[str]:
+  """`--config=NAME` -> `--config=<configs>/NAME.py`; paths to .py files pass through."""
+  resolved = list(argv)
+  for i, arg in enumerate(resolved):
+    for prefix in ("--config=", "-config="):
+      if arg.startswith(prefix):
+        resolved[i] = prefix + _config_path(arg[len(prefix):])
+    if arg in ("--config", "-config") and i + 1 < len(resolved):
+      resolved[i + 1] = _config_path(resolved[i + 1])
+  return resolved
+
+
+def _config_path(value: str) -> str:
+  if value.endswith(".py") or os.sep in value:
+    return value
+  if value not in configs.NAMES:
+    _fail(EXIT_BAD_INPUT, f"unknown config {value!r} (choose from: {', '.join(configs.NAMES)}, "
+                          f"or give a path to a config .py file)")
+  return configs.path_of(value)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return flags.FLAGS(_resolve_config_name(argv))
+  except flags.Error as e:
+    _fail(EXIT_BAD_INPUT, e)
+
+
+def _fail(code: int, error) -> None:
+  """One line on stderr, no traceback."""
+  message = " ".join(str(error).split())
+  print(f"distloop: error: {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,125 @@
+"""model_dir/checkpoints/<step>/ through orbax's CheckpointManager.
+
+Each step holds three items: `model` and `optimizer` (PyTrees of numpy arrays
+keyed by Keras variable path, readable by plain orbax without distloop) and
+`meta` (JSON: step and the resolved config). orbax writes a step to a temporary
+directory and renames it only when complete, so a crash mid-save leaves the
+previous step as the latest.
+
+Only the chief constructs a writing manager (several writers would destroy each
+other's temporaries); every process may restore. Restores are shape-checked
+against the live model first: orbax silently ignores a wrong target shape, and
+this check is also what refuses a model_dir written by another model.
+"""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off accelerators
+
+import time  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import numpy as np  # pylint: disable=wrong-import-position
+import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
+
+from trainer.errors import UserError  # pylint: disable=wrong-import-position
+
+_ITEMS = ("model", "optimizer", "meta")
+
+
+def variables_tree(variables) -> dict:
+  """{'mnist_cnn': {'conv': {'kernel': ndarray, ...}}}: nested by variable path."""
+  tree = {}
+  for variable in variables:
+    *parents, leaf = variable.path.split("/")
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = np.asarray(variable)  # a copy: orbax may write it after training moves on
+  return tree
+
+
+def assign_tree(variables, tree: dict) -> None:
+  flat = _flatten(tree)
+  for variable in variables:
+    variable.assign(flat[variable.path])
+
+
+def optimizer_variables(optimizer) -> list:
+  """Optimizer state worth saving: the learning rate comes from the config, so a
+  resumed run may change it."""
+  return [v for v in optimizer.variables if v.path.split("/")[-1] != "learning_rate"]
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    path = f"{prefix}/{key}" if prefix else key
+    if isinstance(value, dict):
+      flat.update(_flatten(value, path))
+    else:
+      flat[path] = value
+  return flat
+
+
+class Checkpoints:
+  """Saves and restores training state; `writer=False` never touches the disk."""
+
+  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool):
+    self.directory = os.path.abspath(directory)
+    self._writer = writer
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        enable_async_checkpointing=async_save,
+        create=False,
+        read_only=not writer)
+    self._manager = ocp.CheckpointManager(self.directory, item_names=_ITEMS, options=options)
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict) -> float:
+    """Starts saving `step`; returns the seconds training was blocked."""
+    if not self._writer:
+      return 0.0
+    start = time.perf_counter()
+    os.makedirs(self.directory, exist_ok=True)
+    self._manager.save(step, args=ocp.args.Composite(
+        model=ocp.args.StandardSave(model_tree),
+        optimizer=ocp.args.StandardSave(optimizer_tree),
+        meta=ocp.args.JsonSave(meta)))
+    return time.perf_counter() - start
+
+  def restore(self, step: int, model_target: dict, optimizer_target: dict):
+    """Returns (model_tree, optimizer_tree, meta) of `step`, after checking shapes."""
+    metadata = self._manager.item_metadata(step)
+    for item, target in (("model", model_target), ("optimizer", optimizer_target)):
+      self._check_matches(step, item, metadata[item], target)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(model_target),
+        optimizer=ocp.args.StandardRestore(optimizer_target),
+        meta=ocp.args.JsonRestore()))
+    return restored["model"], restored["optimizer"], restored["meta"]
+
+  def _check_matches(self, step, item, stored_metadata, target):
+    where = os.path.join(self.directory, str(step), item)
+    stored_tree = getattr(stored_metadata, "tree", stored_metadata)
+    stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
+    wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
+    missing = sorted(set(wanted) - set(stored))
+    extra = sorted(set(stored) - set(wanted))
+    if missing or extra:
+      detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
+                else f"the checkpoint has {extra[0]}, this config does not")
+      raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
+                      f"use another --model_dir")
+    for key in sorted(wanted):
+      if stored[key] != wanted[key]:
+        raise UserError(f"{where} was written by a different model: {key} has shape "
+                        f"{stored[key]} there, {wanted[key]} in this config; "
+                        f"use another --model_dir")
+
+  def wait(self) -> None:
+    """Blocks until pending async saves are on disk (before exit, eval or export)."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()

@@ -1,0 +1,50 @@
+"""Optimizers, and the one place where gradients become an update.
+
+Why not `optimizer.apply(grads)`: Keras 3's TensorFlow optimizer all-reduces
+(SUM) the gradients by itself whenever it runs in a replica context
+(keras/src/backend/tensorflow/optimizer.py, `_all_reduce_sum_gradients`), and
+from a cross-replica context its `apply` cannot run at all. The trainer owns
+the reduction (one explicit all-reduce with CommunicationOptions, in
+trainer/steps.py), so it applies the already-reduced gradients here with
+Keras's public per-variable hook, `update_step`, under
+`strategy.extended.update` -- the very path Keras takes after its own reduction.
+Because the trainer builds every optimizer itself (below), nothing that `apply`
+would add -- weight decay, clipping, EMA -- is silently skipped.
+"""
+import keras
+import ml_collections
+import tensorflow as tf
+
+
+def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimizer:
+  lr = train_config.learning_rate
+  name = train_config.optimizer
+  if name == "sgd":
+    return keras.optimizers.SGD(lr)
+  if name == "momentum":
+    return keras.optimizers.SGD(lr, momentum=train_config.momentum)
+  if name == "adam":
+    return keras.optimizers.Adam(lr)
+  if name == "rmsprop":
+    return keras.optimizers.RMSprop(lr, momentum=train_config.momentum)
+  if name == "adagrad":
+    return keras.optimizers.Adagrad(lr)
+  raise ValueError(f"unknown optimizer {name!r}")  # validation.py refuses it earlier
+
+
+def apply_reduced_gradients(strategy: tf.distribute.Strategy,
+                            optimizer: keras.optimizers.Optimizer,
+                            reduced_grads, variables) -> None:
+  """One optimizer step from gradients already summed over replicas.
+
+  Runs in cross-replica context (inside `ReplicaContext.merge_call`), so no
+  replica context exists for Keras to all-reduce in; `extended.update` applies
+  the update to every copy of each mirrored variable.
+  """
+  learning_rate = optimizer.learning_rate
+  for grad, variable in zip(reduced_grads, variables):
+    strategy.extended.update(
+        variable.value,  # the tf.Variable (a MirroredVariable under a strategy)
+        lambda var, g, lr: optimizer.update_step(g, var, lr),
+        args=(grad, learning_rate), group=False)
+  optimizer.iterations.assign_add(1)

@@ -1,0 +1,63 @@
+"""The layout of model_dir, and atomic JSON files in it.
+
+  checkpoints/<step>/   orbax (trainer/checkpoints.py)
+  tensorboard/{train,eval}/
+  export/<step>/        SavedModel (trainer/export.py)
+  config.json           the resolved config of the last run started here
+  summary.json          written when a run finishes
+"""
+import json
+import os
+
+
+def checkpoint_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "checkpoints")
+
+
+def summary_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "summary.json")
+
+
+def config_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "config.json")
+
+
+def write_json(path: str, value: dict) -> None:
+  """Write-then-rename: readers never see half a file."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  temporary = path + ".tmp"
+  with open(temporary, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write("\n")
+  os.replace(temporary, path)
+
+
+def read_summary(model_dir: str) -> dict | None:
+  try:
+    with open(summary_path(model_dir)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def finished_step(model_dir: str, total_steps: int, config_dict: dict) -> int | None:
+  """The final step if a run of this model already finished here, else None.
+
+  Finished means summary.json, the checkpoint and the export of a step >= total
+  steps all exist, and config.json names the same model and data; anything
+  less goes through the full path (which resumes, or refuses another model).
+  """
+  summary = read_summary(model_dir)
+  if not summary or summary.get("step", -1) < total_steps:
+    return None
+  step = summary["step"]
+  try:
+    with open(config_path(model_dir)) as f:
+      previous = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if any(previous.get(section) != config_dict[section] for section in ("model", "data")):
+    return None
+  done = (os.path.isdir(os.path.join(checkpoint_dir(model_dir), str(step))) and
+          os.path.isdir(os.path.join(model_dir, "export", str(step))))
+  return step if done else None

@@ -1,0 +1,94 @@
+"""Checks a resolved config before anything runs or is written.
+
+Pure Python (no TensorFlow import), so a bad value fails in a fraction of a
+second with one line that names the field and the value. Checks that need the
+runtime (batch divisible by the replica count) live in trainer/runtime.py.
+"""
+import math
+
+import ml_collections
+
+import input_pipelines
+import models
+from trainer.errors import UserError
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adagrad")
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
+              "parameter_server", "central_storage", "tpu")
+SUPPORTED_STRATEGIES = ("default", "one_device", "mirrored")
+ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises UserError naming the first bad field."""
+  _one_of(config, "model.name", models.NAMES)
+  for field in ("model.conv_filters", "model.dense_units", "model.mlp_units"):
+    _positive(config, field)
+  _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
+
+  _one_of(config, "data.name", input_pipelines.NAMES)
+  _positive(config, "data.num_train_examples")
+  _positive(config, "data.num_eval_examples")
+
+  for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
+    _positive(config, field)
+  _one_of(config, "train.optimizer", OPTIMIZERS)
+  _in_range(config, "train.learning_rate", 0.0, math.inf)
+  _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
+
+  _non_negative(config, "eval.interval")
+  _positive(config, "eval.global_batch_size")
+
+  _positive(config, "checkpoint.interval")
+  _positive(config, "checkpoint.max_to_keep")
+
+  _one_of(config, "runtime.strategy", STRATEGIES)
+  if config.runtime.strategy not in SUPPORTED_STRATEGIES:
+    raise UserError(f"runtime.strategy={config.runtime.strategy!r} is not yet supported "
+                    f"(supported: {', '.join(SUPPORTED_STRATEGIES)})")
+  _positive(config, "runtime.num_cpu_devices")
+  _non_negative(config, "runtime.seed")
+  _non_negative(config, "runtime.all_reduce_bytes_per_pack")
+  _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
+
+
+def _get(config, field):
+  value = config
+  for part in field.split("."):
+    value = value[part]
+  return value
+
+
+def _number(config, field):
+  value = _get(config, field)
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise UserError(f"{field}={value!r} must be a number")
+  if math.isnan(value):
+    raise UserError(f"{field}={value!r} must be a number")
+  return value
+
+
+def _positive(config, field):
+  value = _number(config, field)
+  if value <= 0:
+    raise UserError(f"{field}={value!r} must be positive")
+
+
+def _non_negative(config, field):
+  value = _number(config, field)
+  if value < 0:
+    raise UserError(f"{field}={value!r} must not be negative")
+
+
+def _in_range(config, field, low, high, high_inclusive=True):
+  value = _number(config, field)
+  above = value > high if high_inclusive else value >= high
+  if value < low or above or math.isinf(value):
+    bracket = "]" if high_inclusive else ")"
+    raise UserError(f"{field}={value!r} must be in [{low}, {high}{bracket}")
+
+
+def _one_of(config, field, choices):
+  value = _get(config, field)
+  if value not in choices:
+    raise UserError(f"{field}={value!r} is unknown (choose from: {', '.join(choices)})")
