@@ -6,6 +6,7 @@ model_dir untouched. Exit codes: 0 done, 1 failure, 2 bad input, 42 preempted.
 """
 import json
 import os
+import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter, unless asked
@@ -17,6 +18,7 @@ from ml_collections import config_flags  # pylint: disable=wrong-import-position
 
 import configs  # pylint: disable=wrong-import-position
 import input_pipelines  # pylint: disable=wrong-import-position
+from trainer import logs  # pylint: disable=wrong-import-position
 from trainer import outputs  # pylint: disable=wrong-import-position
 from trainer import validation  # pylint: disable=wrong-import-position
 from trainer.errors import NonFiniteError, UserError  # pylint: disable=wrong-import-position
@@ -35,6 +37,7 @@ _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
 def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
+  logs.quiet_libraries()
   try:
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value)
   except (UserError, input_pipelines.DataError) as e:
@@ -58,10 +61,11 @@ def _run(config, model_dir: str, mode: str) -> int:
   splits = input_pipelines.load(config.data, config.runtime.seed)
 
   # Only now the runtime: nothing above needs TensorFlow.
-  from trainer import loop  # pylint: disable=g-import-not-at-top
-  from trainer import runtime  # pylint: disable=g-import-not-at-top
-  runtime.configure(config.runtime)
-  strategy = runtime.create_strategy(config.runtime)
+  with logs.native_startup_silenced():
+    from trainer import loop  # pylint: disable=g-import-not-at-top
+    from trainer import runtime  # pylint: disable=g-import-not-at-top
+    runtime.configure(config.runtime)
+    strategy = runtime.create_strategy(config.runtime)
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
 
   trainer = loop.Trainer(config, model_dir, strategy, splits)
@@ -119,6 +123,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(_resolve_config_name(argv))
   except flags.Error as e:
     _fail(EXIT_BAD_INPUT, e)
+  except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
+    text = str(e).replace("\\", "")
+    key = re.search(r"'([^']+)'", text)
+    key = key.group(1) if key else text
+    overrides = [arg.split("=", 1)[0] for arg in argv if arg.lstrip("-").startswith("config.")]
+    named = [flag for flag in overrides if key in flag.split(".")[1:]]
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    _fail(EXIT_BAD_INPUT, f"unknown config field {named[0] if named else key}"
+                          + (f" (did you mean {hint.group(1)!r}?)" if hint else
+                             " (configs/common.py lists every field)"))
 
 
 def _fail(code: int, error) -> None:

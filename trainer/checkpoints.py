@@ -22,7 +22,12 @@ import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
-_ITEMS = ("model", "optimizer", "meta")
+
+def _item_handlers() -> dict:
+  """Declared up front, so a fresh process can read metadata before any save."""
+  return {"model": ocp.StandardCheckpointHandler(),
+          "optimizer": ocp.StandardCheckpointHandler(),
+          "meta": ocp.JsonCheckpointHandler()}
 
 
 def variables_tree(variables) -> dict:
@@ -71,7 +76,8 @@ class Checkpoints:
         enable_async_checkpointing=async_save,
         create=False,
         read_only=not writer)
-    self._manager = ocp.CheckpointManager(self.directory, item_names=_ITEMS, options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_handlers=_item_handlers())
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

@@ -137,7 +137,7 @@ class Trainer:
       examples_per_sec = num_steps * batch_size / loop_seconds
       self.summaries.scalars("train", step, {
           "loss": train_metrics["loss"], "accuracy": train_metrics["accuracy"],
-          "learning_rate": float(self.optimizer.learning_rate),
+          "learning_rate": float(self.optimizer.learning_rate.numpy()),
           "examples_per_sec": examples_per_sec})
       logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.0f examples/s | ETA %s",
                    step, total, train_metrics["loss"], train_metrics["accuracy"],

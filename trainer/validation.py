@@ -33,7 +33,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
     _positive(config, field)
   _one_of(config, "train.optimizer", OPTIMIZERS)
-  _in_range(config, "train.learning_rate", 0.0, math.inf)
+  _non_negative(config, "train.learning_rate")
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
 
   _non_negative(config, "eval.interval")
@@ -63,8 +63,8 @@ def _number(config, field):
   value = _get(config, field)
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise UserError(f"{field}={value!r} must be a number")
-  if math.isnan(value):
-    raise UserError(f"{field}={value!r} must be a number")
+  if math.isnan(value) or math.isinf(value):
+    raise UserError(f"{field}={value!r} must be a finite number")
   return value
 
 
@@ -83,7 +83,7 @@ def _non_negative(config, field):
 def _in_range(config, field, low, high, high_inclusive=True):
   value = _number(config, field)
   above = value > high if high_inclusive else value >= high
-  if value < low or above or math.isinf(value):
+  if value < low or above:
     bracket = "]" if high_inclusive else ")"
     raise UserError(f"{field}={value!r} must be in [{low}, {high}{bracket}")
 
