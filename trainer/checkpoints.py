@@ -30,11 +30,37 @@ def _item_handlers() -> dict:
           "meta": ocp.JsonCheckpointHandler()}
 
 
-def variables_tree(variables) -> dict:
-  """{'mnist_cnn': {'conv': {'kernel': ndarray, ...}}}: nested by variable path."""
+def model_variables(model) -> dict:
+  """Every model variable under a key that is the same in every process.
+
+  `model/layer/variable`: Keras's own `variable.path` is not stable for
+  variables a layer creates outside its name scope (Dropout's seed generator is
+  `seed_generator_<n>/...`, numbered by creation order in the process).
+  """
+  owner = {}
+  for layer in model.layers:
+    for variable in layer.variables:
+      owner.setdefault(id(variable), f"{model.name}/{layer.name}/{variable.name}")
+  keyed = {}
+  for variable in model.variables:
+    key = owner.get(id(variable), variable.path)
+    if key in keyed:
+      raise ValueError(f"two model variables share the checkpoint key {key!r}")
+    keyed[key] = variable
+  return keyed
+
+
+def optimizer_variables(optimizer) -> dict:
+  """Optimizer state by path. The learning rate is left out: it comes from the
+  config, so a resumed run may change it."""
+  return {v.path: v for v in optimizer.variables if v.path.split("/")[-1] != "learning_rate"}
+
+
+def variables_tree(keyed_variables: dict) -> dict:
+  """{'mnist_cnn': {'conv': {'kernel': ndarray, ...}}}: nested by key."""
   tree = {}
-  for variable in variables:
-    *parents, leaf = variable.path.split("/")
+  for key, variable in keyed_variables.items():
+    *parents, leaf = key.split("/")
     node = tree
     for part in parents:
       node = node.setdefault(part, {})
@@ -42,16 +68,10 @@ def variables_tree(variables) -> dict:
   return tree
 
 
-def assign_tree(variables, tree: dict) -> None:
+def assign_tree(keyed_variables: dict, tree: dict) -> None:
   flat = _flatten(tree)
-  for variable in variables:
-    variable.assign(flat[variable.path])
-
-
-def optimizer_variables(optimizer) -> list:
-  """Optimizer state worth saving: the learning rate comes from the config, so a
-  resumed run may change it."""
-  return [v for v in optimizer.variables if v.path.split("/")[-1] != "learning_rate"]
+  for key, variable in keyed_variables.items():
+    variable.assign(flat[key])
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

@@ -33,7 +33,7 @@ def export_dir(model_dir: str, step: int) -> str:
 def export_saved_model(model_config: ml_collections.ConfigDict, model_tree: dict,
                        destination: str) -> None:
   model = models.build(model_config)
-  checkpoints.assign_tree(model.variables, model_tree)
+  checkpoints.assign_tree(checkpoints.model_variables(model), model_tree)
   serving = _Serving(model)
   temporary = destination + ".tmp"
   shutil.rmtree(temporary, ignore_errors=True)

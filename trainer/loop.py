@@ -194,7 +194,7 @@ class Trainer:
 
   def save(self, step: int) -> None:
     blocked = self.checkpoints.save(
-        step, checkpoints.variables_tree(self.model.variables),
+        step, checkpoints.variables_tree(checkpoints.model_variables(self.model)),
         checkpoints.variables_tree(checkpoints.optimizer_variables(self.optimizer)),
         {"step": step, "config": self.config.to_dict()})
     self._checkpoint_seconds += blocked
@@ -205,11 +205,12 @@ class Trainer:
     step = self.checkpoints.latest_step()
     if step is None:
       return 0
+    model_variables = checkpoints.model_variables(self.model)
     optimizer_variables = checkpoints.optimizer_variables(self.optimizer)
     model_tree, optimizer_tree, _ = self.checkpoints.restore(
-        step, checkpoints.variables_tree(self.model.variables),
+        step, checkpoints.variables_tree(model_variables),
         checkpoints.variables_tree(optimizer_variables))
-    checkpoints.assign_tree(self.model.variables, model_tree)
+    checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
     return step
@@ -219,8 +220,9 @@ class Trainer:
     destination = export.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
-    export.export_saved_model(self.config.model,
-                              checkpoints.variables_tree(self.model.variables), destination)
+    export.export_saved_model(
+        self.config.model, checkpoints.variables_tree(checkpoints.model_variables(self.model)),
+        destination)
     logging.info("Exported SavedModel to %s", destination)
     return destination
 

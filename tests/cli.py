@@ -1,0 +1,43 @@
+"""Run the trainer as a user does: `python -m trainer ...` in a subprocess."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+MNIST_TEST_DIR = os.path.join(os.path.dirname(REPO), "shared", "data", "mnist")
+
+
+@dataclasses.dataclass
+class Result:
+  returncode: int
+  stdout: str
+  stderr: str
+
+  def error_lines(self) -> list[str]:
+    return [line for line in self.stderr.splitlines() if line.strip()]
+
+
+def run_trainer(model_dir, *flags: str, timeout: float = 600, env: dict | None = None) -> Result:
+  command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", *flags]
+  completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                             cwd=REPO, env={**os.environ, **(env or {})})
+  return Result(completed.returncode, completed.stdout, completed.stderr)
+
+
+def train_ok(model_dir, *flags: str, timeout: float = 600) -> dict:
+  """Trains to the end and returns summary.json; fails the test with the log otherwise."""
+  result = run_trainer(model_dir, *flags, timeout=timeout)
+  assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+  with open(os.path.join(model_dir, "summary.json")) as f:
+    return json.load(f)
+
+
+def run_python(code: str, timeout: float = 300) -> str:
+  """Runs `code` in a fresh interpreter (e.g. to prove distloop is not needed); returns stdout."""
+  completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout, cwd="/", env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  return completed.stdout

@@ -1,0 +1,39 @@
+"""Every config value is checked, and the error names the field."""
+import pytest
+
+from configs import mnist_cnn, synthetic
+from trainer import validation
+from trainer.errors import UserError
+
+
+@pytest.mark.parametrize("get_config", [synthetic.get_config, mnist_cnn.get_config])
+def test_shipped_configs_are_valid(get_config):
+  validation.check_config(get_config())
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("model.name", "resnet", "model.name='resnet' is unknown"),
+    ("model.dense_units", 0, "model.dense_units=0 must be positive"),
+    ("model.dropout_rate", 1.0, "model.dropout_rate=1.0 must be in"),
+    ("data.name", "cifar", "data.name='cifar' is unknown"),
+    ("train.steps", 0, "train.steps=0 must be positive"),
+    ("train.global_batch_size", -4, "train.global_batch_size=-4 must be positive"),
+    ("train.steps_per_loop", 0, "train.steps_per_loop=0 must be positive"),
+    ("train.optimizer", "lion", "train.optimizer='lion' is unknown"),
+    ("train.learning_rate", -0.5, "train.learning_rate=-0.5 must not be negative"),
+    ("train.learning_rate", float("nan"), "must be a finite number"),
+    ("eval.interval", -1, "eval.interval=-1 must not be negative"),
+    ("checkpoint.interval", 0, "checkpoint.interval=0 must be positive"),
+    ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0 must be positive"),
+    ("runtime.strategy", "horovod", "runtime.strategy='horovod' is unknown"),
+    ("runtime.strategy", "tpu", "not yet supported"),
+    ("runtime.num_cpu_devices", 0, "runtime.num_cpu_devices=0 must be positive"),
+    ("runtime.all_reduce_implementation", "mpi", "is unknown"),
+])
+def test_bad_values_are_refused_by_name(field, value, message):
+  config = synthetic.get_config()
+  section, name = field.split(".")
+  with config.unlocked():
+    config[section][name] = value
+  with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    validation.check_config(config)
