@@ -1,0 +1,1 @@
+"""Throughput comparisons (run as modules, never as tests)."""
