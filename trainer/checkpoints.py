@@ -74,6 +74,12 @@ def assign_tree(keyed_variables: dict, tree: dict) -> None:
     variable.assign(flat[key])
 
 
+def non_finite_keys(tree: dict) -> list[str]:
+  """Keys of floating-point arrays holding NaN or Inf (such state is never saved)."""
+  return [key for key, value in _flatten(tree).items()
+          if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all()]
+
+
 def _flatten(tree: dict, prefix: str = "") -> dict:
   flat = {}
   for key, value in tree.items():

@@ -131,8 +131,7 @@ class Trainer:
       if not math.isfinite(train_metrics["loss"]):
         raise NonFiniteError(
             f"non-finite loss ({train_metrics['loss']}) in steps {first_step}..{step}; "
-            f"stopped without saving them (last checkpoint: step "
-            f"{self.checkpoints.latest_step()})")
+            f"stopped without saving them ({self._last_checkpoint()})")
       throughput.add(num_steps * batch_size, loop_seconds)
       examples_per_sec = num_steps * batch_size / loop_seconds
       self.summaries.scalars("train", step, {
@@ -193,8 +192,14 @@ class Trainer:
     return result
 
   def save(self, step: int) -> None:
+    """Starts an async checkpoint of `step`; refuses non-finite weights."""
+    model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
+    bad = checkpoints.non_finite_keys(model_tree)
+    if bad:  # the loss is computed before each update, so check the weights themselves
+      raise NonFiniteError(f"weights became non-finite by step {step} ({bad[0]}); "
+                           f"not saved ({self._last_checkpoint()})")
     blocked = self.checkpoints.save(
-        step, checkpoints.variables_tree(checkpoints.model_variables(self.model)),
+        step, model_tree,
         checkpoints.variables_tree(checkpoints.optimizer_variables(self.optimizer)),
         {"step": step, "config": self.config.to_dict()})
     self._checkpoint_seconds += blocked
@@ -225,6 +230,10 @@ class Trainer:
         destination)
     logging.info("Exported SavedModel to %s", destination)
     return destination
+
+  def _last_checkpoint(self) -> str:
+    step = self.checkpoints.latest_step()
+    return "no checkpoint yet" if step is None else f"the last checkpoint is step {step}"
 
   def close(self) -> None:
     self.checkpoints.wait()
