@@ -54,7 +54,7 @@ def _load_with_keras(name: str) -> Splits:
     (x_train, y_train), (x_test, y_test) = loader.load_data()
   except Exception as e:  # pylint: disable=broad-except  (network errors come in many types)
     raise DataError(
-        f"could not download {name} with Keras ({type(e).__name__}); set "
+        f"could not download {name} with Keras ({str(e).splitlines()[0][:200] or type(e).__name__}); set "
         f"--config.data.dir to a folder with the four IDX files or {name}.npz") from None
   return Splits(x_train, y_train.astype(np.int64), x_test,
                 y_test.astype(np.int64)).check(f"Keras {name} download")

@@ -133,3 +133,9 @@ def test_mlp_with_sgd_trains(tmp_path):
                      "--config.train.optimizer=momentum", "--config.train.learning_rate=0.05",
                      "--config.train.steps=200")
   assert summary["eval_accuracy"] > 0.8
+
+
+def test_one_device_strategy_trains(tmp_path):
+  summary = train_ok(tmp_path, "--config=synthetic", "--config.runtime.strategy=one_device",
+                     "--config.train.steps=40")
+  assert summary["num_replicas"] == 1 and summary["strategy"] == "one_device"

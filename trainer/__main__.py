@@ -58,10 +58,10 @@ def _run(config, model_dir: str, mode: str) -> int:
       print(f"Already finished at step {step} in {model_dir}; nothing to do "
             f"(summary: {outputs.summary_path(model_dir)}).")
       return EXIT_OK
-  splits = input_pipelines.load(config.data, config.runtime.seed)
-
-  # Only now the runtime: nothing above needs TensorFlow.
+  # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
+  # download path does import TensorFlow, hence the silenced start-up lines.)
   with logs.native_startup_silenced():
+    splits = input_pipelines.load(config.data, config.runtime.seed)
     from trainer import loop  # pylint: disable=g-import-not-at-top
     from trainer import runtime  # pylint: disable=g-import-not-at-top
     runtime.configure(config.runtime)
