@@ -30,6 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only
+  config.train.nonfinite_policy = "stop"  # NaN/Inf loss or weights: stop (exit 1) | rollback
+  config.train.max_rollbacks = 3       # rollback: times to restore the last good checkpoint and skip ahead
 
   config.eval = ml_collections.ConfigDict()
   config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end
@@ -39,6 +41,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved
   config.checkpoint.max_to_keep = 3    # newest checkpoints kept on disk
   config.checkpoint.async_save = True  # write in the background while training goes on
+  config.checkpoint.keep_period = 0    # also keep every step divisible by this forever; 0 = off
+  config.checkpoint.keep_best = 0      # also keep the N best by eval accuracy in checkpoints_best/; 0 = off
+  config.checkpoint.init_from = ""     # warm start: a model_dir or checkpoints/<step> to take weights from
 
   config.runtime = ml_collections.ConfigDict()
   config.runtime.strategy = "default"  # default | one_device | mirrored | multi_worker_mirrored | parameter_server | central_storage | tpu

@@ -2,8 +2,8 @@
 
 Owns the data position. The training stream is the concatenation of epochs,
 epoch e being the training set in the order `stateless_shuffle(seed, e)`; global
-batch k is examples [k*B, (k+1)*B) of that stream. So the step alone says where
-a resumed run continues, and the batch sequence is the same for any number of
+batch k is examples [k*B, (k+1)*B) of that stream. So the position (examples used,
+checkpointed with the step) says where a resumed run continues, and the batch sequence is the same for any number of
 replicas or workers (the strategy splits each global batch, it never reorders).
 Examples are gathered per batch from uint8 arrays held in memory, a single
 vectorized op per batch, so the pipeline is never the bottleneck.
@@ -17,10 +17,10 @@ _FOREVER = np.iinfo(np.int64).max
 
 
 def train_dataset(splits: Splits, *, seed: int, global_batch_size: int,
-                  start_step: int) -> tf.data.Dataset:
-  """Infinite stream of global batches, starting at batch `start_step`."""
+                  start_example: int) -> tf.data.Dataset:
+  """Infinite stream of global batches, starting at example `start_example` of the stream."""
   num_examples = len(splits.train_labels)
-  first_epoch, offset = divmod(start_step * global_batch_size, num_examples)
+  first_epoch, offset = divmod(start_example, num_examples)
 
   def epoch_order(epoch):
     order = tf.random.experimental.stateless_shuffle(

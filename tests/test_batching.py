@@ -23,12 +23,12 @@ def _first_pixels(dataset, num_batches):
 
 def test_each_epoch_is_a_permutation_that_depends_on_seed_and_epoch():
   batches = _first_pixels(batching.train_dataset(_splits(), seed=1, global_batch_size=10,
-                                                 start_step=0), 20)
+                                                 start_example=0), 20)
   epoch0, epoch1 = sum(batches[:10], []), sum(batches[10:], [])
   assert sorted(epoch0) == sorted(epoch1) == list(range(100))
   assert epoch0 != epoch1 and epoch0 != list(range(100))
   other_seed = sum(_first_pixels(batching.train_dataset(
-      _splits(), seed=2, global_batch_size=10, start_step=0), 10), [])
+      _splits(), seed=2, global_batch_size=10, start_example=0), 10), [])
   assert other_seed != epoch0
 
 
@@ -36,9 +36,9 @@ def test_each_epoch_is_a_permutation_that_depends_on_seed_and_epoch():
 def test_resuming_at_a_step_continues_the_same_stream(start_step):
   """Batch size 30 does not divide the 100 examples: batches straddle epochs."""
   full = _first_pixels(batching.train_dataset(_splits(), seed=5, global_batch_size=30,
-                                              start_step=0), 35)
+                                              start_example=0), 35)
   resumed = _first_pixels(batching.train_dataset(_splits(), seed=5, global_batch_size=30,
-                                                 start_step=start_step), 35 - start_step)
+                                                 start_example=start_step * 30), 35 - start_step)
   assert resumed == full[start_step:]
 
 

@@ -21,7 +21,7 @@ import input_pipelines  # pylint: disable=wrong-import-position
 from trainer import logs  # pylint: disable=wrong-import-position
 from trainer import outputs  # pylint: disable=wrong-import-position
 from trainer import validation  # pylint: disable=wrong-import-position
-from trainer.errors import NonFiniteError, UserError  # pylint: disable=wrong-import-position
+from trainer.errors import NonFiniteError, Preempted, UserError  # pylint: disable=wrong-import-position
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
@@ -44,6 +44,9 @@ def main(argv):
     _fail(EXIT_BAD_INPUT, e)
   except NonFiniteError as e:
     _fail(EXIT_FAILURE, e)
+  except Preempted as e:
+    logging.warning("%s", e)
+    sys.exit(EXIT_PREEMPTED)
 
 
 def _run(config, model_dir: str, mode: str) -> int:
@@ -68,21 +71,21 @@ def _run(config, model_dir: str, mode: str) -> int:
     strategy = runtime.create_strategy(config.runtime)
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
 
-  trainer = loop.Trainer(config, model_dir, strategy, splits)
+  training = mode in ("train", "train_and_eval")
+  trainer = loop.Trainer(config, model_dir, strategy, splits, read_only=not training)
   try:
-    if mode in ("train", "train_and_eval"):
+    if training:
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
       logging.info("Done: %s", json.dumps(summary))
       return EXIT_OK
-    step = trainer.checkpoints.latest_step()
-    if step is None:
+    position = trainer.restore_latest()
+    if position is None:
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
-    trainer.restore_latest()
     if mode == "eval":
-      result = trainer.evaluate(step)
-      print(json.dumps({"step": step, **result}))
+      result = trainer.evaluate(position.step)
+      print(json.dumps({"step": position.step, **result}))
     elif mode == "export":
-      print(trainer.export(step))
+      print(trainer.export(position.step))
     return EXIT_OK
   finally:
     trainer.close()

@@ -15,12 +15,17 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off accelerators
 
-import time  # pylint: disable=g-import-not-at-top,wrong-import-position
+import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import time  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
+
+
+class CorruptCheckpoint(Exception):
+  """A step on disk that cannot be read (files deleted or truncated)."""
 
 
 def _item_handlers() -> dict:
@@ -92,13 +97,25 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 class Checkpoints:
-  """Saves and restores training state; `writer=False` never touches the disk."""
+  """Saves and restores training state; `writer=False` never touches the disk.
 
-  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool):
+  `best_metric` makes this a keep-best manager: it keeps the `max_to_keep`
+  steps with the highest value of that metric (a separate directory from the
+  latest-N manager, because orbax's best_fn with max_to_keep can delete the
+  newest step).
+  """
+
+  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool,
+               keep_period: int = 0, best_metric: str | None = None):
     self.directory = os.path.abspath(directory)
     self._writer = writer
+    self._best_metric = best_metric
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
+        keep_period=keep_period or None,
+        best_fn=(lambda metrics: metrics[best_metric]) if best_metric else None,
+        best_mode="max",
+        keep_checkpoints_without_metrics=not best_metric,
         enable_async_checkpointing=async_save,
         create=False,
         read_only=not writer)
@@ -108,46 +125,55 @@ class Checkpoints:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict) -> float:
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
+           metrics: dict | None = None) -> float:
     """Starts saving `step`; returns the seconds training was blocked."""
     if not self._writer:
       return 0.0
     start = time.perf_counter()
     os.makedirs(self.directory, exist_ok=True)
-    self._manager.save(step, args=ocp.args.Composite(
+    self._manager.save(step, metrics=metrics, args=ocp.args.Composite(
         model=ocp.args.StandardSave(model_tree),
         optimizer=ocp.args.StandardSave(optimizer_tree),
         meta=ocp.args.JsonSave(meta)))
     return time.perf_counter() - start
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict):
-    """Returns (model_tree, optimizer_tree, meta) of `step`, after checking shapes."""
-    metadata = self._manager.item_metadata(step)
-    for item, target in (("model", model_target), ("optimizer", optimizer_target)):
-      self._check_matches(step, item, metadata[item], target)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        model=ocp.args.StandardRestore(model_target),
-        optimizer=ocp.args.StandardRestore(optimizer_target),
-        meta=ocp.args.JsonRestore()))
-    return restored["model"], restored["optimizer"], restored["meta"]
+    """Returns (model_tree, optimizer_tree, meta) of `step`.
 
-  def _check_matches(self, step, item, stored_metadata, target):
-    where = os.path.join(self.directory, str(step), item)
-    stored_tree = getattr(stored_metadata, "tree", stored_metadata)
-    stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
-    wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
-    missing = sorted(set(wanted) - set(stored))
-    extra = sorted(set(stored) - set(wanted))
-    if missing or extra:
-      detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
-                else f"the checkpoint has {extra[0]}, this config does not")
-      raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
-                      f"use another --model_dir")
-    for key in sorted(wanted):
-      if stored[key] != wanted[key]:
-        raise UserError(f"{where} was written by a different model: {key} has shape "
-                        f"{stored[key]} there, {wanted[key]} in this config; "
-                        f"use another --model_dir")
+    Raises UserError if the step was written by another model (checked before
+    anything is read), CorruptCheckpoint if it cannot be read.
+    """
+    try:
+      metadata = self._manager.item_metadata(step)
+      for item, target in (("model", model_target), ("optimizer", optimizer_target)):
+        _check_matches(os.path.join(self.directory, str(step), item),
+                       getattr(metadata[item], "tree", metadata[item]), target)
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          model=ocp.args.StandardRestore(model_target),
+          optimizer=ocp.args.StandardRestore(optimizer_target),
+          meta=ocp.args.JsonRestore()))
+      return restored["model"], restored["optimizer"], dict(restored["meta"])
+    except UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
+      raise CorruptCheckpoint(f"{os.path.join(self.directory, str(step))}: "
+                              f"{_first_line(e)}") from e
+
+  def set_aside(self, step: int) -> str | None:
+    """Moves an unreadable step to <model_dir>/checkpoints_corrupt/ (kept, not deleted),
+    so orbax goes on from the previous one. Returns the new place (chief only)."""
+    if not self._writer:
+      return None
+    destination = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt",
+                               f"{step}.{time.strftime('%Y%m%dT%H%M%S')}")
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    shutil.move(os.path.join(self.directory, str(step)), destination)
+    self._manager.reload()
+    return destination
 
   def wait(self) -> None:
     """Blocks until pending async saves are on disk (before exit, eval or export)."""
@@ -155,3 +181,50 @@ class Checkpoints:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:
+  """Model weights from a model_dir, its checkpoints/ or one checkpoints/<step>/ (warm start).
+
+  Returns (model_tree, the item directory read). Shape-checked like a resume.
+  """
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  if not os.path.isdir(os.path.join(path, "model")):
+    steps = [int(name) for name in os.listdir(path) if name.isdigit()]
+    if not steps:
+      raise UserError(f"checkpoint.init_from={path}: no checkpoint there")
+    path = os.path.join(path, str(max(steps)))
+  item = os.path.join(path, "model")
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    _check_matches(item, checkpointer.metadata(item).item_metadata.tree, model_target)
+    return checkpointer.restore(item, model_target), item
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"checkpoint.init_from: cannot read {item}: {_first_line(e)}") from None
+
+
+def _check_matches(where: str, stored_tree, target: dict) -> None:
+  """UserError unless the stored arrays have the keys and shapes of `target`."""
+  stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
+  wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
+  missing = sorted(set(wanted) - set(stored))
+  extra = sorted(set(stored) - set(wanted))
+  if missing or extra:
+    detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
+              else f"the checkpoint has {extra[0]}, this config does not")
+    raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
+                    f"use another --model_dir")
+  for key in sorted(wanted):
+    if stored[key] != wanted[key]:
+      raise UserError(f"{where} was written by a different model: {key} has shape "
+                      f"{stored[key]} there, {wanted[key]} in this config; "
+                      f"use another --model_dir")
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip()
+  return (text.splitlines()[0] if text else type(error).__name__)[:300]

@@ -2,8 +2,8 @@
 
 Who owns what: the Trainer owns the model, the optimizer and the order of the
 periodic work; trainer/steps.py owns what runs compiled; input_pipelines owns
-the data position (a pure function of seed and step); trainer/checkpoints.py owns
-the disk format. Every write happens on the chief only.
+the data order (a pure function of seed and position); trainer/checkpoints.py
+owns the disk format; trainer/preemption.py owns signals. Only the chief writes.
 """
 import dataclasses
 import math
@@ -22,10 +22,26 @@ from trainer import export
 from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
+from trainer import preemption
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
-from trainer.errors import NonFiniteError
+from trainer.errors import NonFiniteError, Preempted
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+  """Where training is: optimizer steps taken, and examples of the data stream used.
+
+  `examples` is `step * global_batch_size` unless a rollback skipped batches or
+  the batch size changed between runs; both are checkpointed, so a resumed run
+  sees exactly the batches an uninterrupted one would have.
+  """
+  step: int
+  examples: int
+
+  def advance(self, num_steps: int, batch_size: int) -> "Position":
+    return Position(self.step + num_steps, self.examples + num_steps * batch_size)
 
 
 @dataclasses.dataclass
@@ -57,22 +73,24 @@ class _Throughput:
 class Trainer:
   """Trains, evaluates and exports one model in one model_dir.
 
-      step = latest checkpoint's step, or 0 (weights and optimizer restored)
-      batches = the global batch sequence from `step` on
+      position = newest readable checkpoint (weights, optimizer, step, data
+                 position), else a warm start from checkpoint.init_from, else 0
+      batches = the global batch sequence from that position on
       while step < train.steps:
           n = steps to the next boundary: steps_per_loop, checkpoint, eval or the end
           train_loop(batches, n)          # compiled: n steps, no Python in between
-          step += n
-          read metrics once; log; TensorBoard; stop on a non-finite loss
-          evaluate if due; checkpoint if due (async)
+          read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
+          log; TensorBoard
+          SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
+          evaluate if due (and keep the best); checkpoint if due (async)
       wait for saves; export; summary.json
 
   Constructing a Trainer builds the model and optimizer under the strategy;
-  it reads and writes nothing.
+  it reads and writes nothing. `read_only` (eval, export) never writes checkpoints.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
-               strategy: tf.distribute.Strategy, splits: Splits):
+               strategy: tf.distribute.Strategy, splits: Splits, *, read_only: bool = False):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
@@ -84,15 +102,22 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       self._train_metrics = steps.MetricSums("train")
       self._eval_metrics = steps.MetricSums("eval")
+    writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
-        async_save=config.checkpoint.async_save, writer=self.is_chief)
+        keep_period=config.checkpoint.keep_period,
+        async_save=config.checkpoint.async_save, writer=writer)
+    self._best_checkpoints = checkpoints.Checkpoints(
+        outputs.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
+        best_metric="accuracy", async_save=config.checkpoint.async_save,
+        writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self._train_loop = steps.make_train_loop(
         strategy, self.model, self.optimizer, self._train_metrics,
         global_batch_size=config.train.global_batch_size,
         communication_options=runtime.communication_options(config.runtime))
     self._eval_pass = None  # built on first use: the eval data is distributed once
+    self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
 
@@ -102,56 +127,57 @@ class Trainer:
     """Trains to train.steps, evaluating every `eval_interval` steps (0: at the end only)."""
     started = time.perf_counter()
     config = self.config
-    total = config.train.steps
-    batch_size = config.train.global_batch_size
+    total, batch_size = config.train.steps, config.train.global_batch_size
 
-    step = self.restore_latest()  # refuses a model_dir of another model before any write
+    position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
     if self.is_chief:
       outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
     logging.info("Training %s on %s with %d replica(s) (%s) from step %d to %d.",
                  config.model.name, config.data.name, self.strategy.num_replicas_in_sync,
-                 config.runtime.strategy, step, total)
+                 config.runtime.strategy, position.step, total)
 
-    dataset = batching.train_dataset(self.splits, seed=config.runtime.seed,
-                                     global_batch_size=batch_size, start_step=step)
-    batches = iter(self.strategy.experimental_distribute_dataset(dataset))
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None
-    while step < total:
-      num_steps = min(config.train.steps_per_loop, total - step,
-                      checkpoint_due.next_due(step) - step, eval_due.next_due(step) - step)
-      self._train_metrics.reset()
-      loop_start = time.perf_counter()
-      self._train_loop(batches, tf.constant(num_steps))
-      train_metrics = self._train_metrics.result()  # host sync: waits for the n steps
-      loop_seconds = time.perf_counter() - loop_start
-      first_step, step = step + 1, step + num_steps
-      if not math.isfinite(train_metrics["loss"]):
-        raise NonFiniteError(
-            f"non-finite loss ({train_metrics['loss']}) in steps {first_step}..{step}; "
-            f"stopped without saving them ({self._last_checkpoint()})")
-      throughput.add(num_steps * batch_size, loop_seconds)
-      examples_per_sec = num_steps * batch_size / loop_seconds
-      self.summaries.scalars("train", step, {
-          "loss": train_metrics["loss"], "accuracy": train_metrics["accuracy"],
-          "learning_rate": float(self.optimizer.learning_rate.numpy()),
-          "examples_per_sec": examples_per_sec})
-      logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.0f examples/s | ETA %s",
-                   step, total, train_metrics["loss"], train_metrics["accuracy"],
-                   examples_per_sec, _eta(total - step, loop_seconds / num_steps))
-      if eval_due.due(step):
-        eval_metrics = self.evaluate(step)
-      if checkpoint_due.due(step):
-        self.save(step)
+    watcher = preemption.PreemptionWatcher(self.strategy,
+                                           num_workers=runtime.num_workers(self.strategy))
+    with watcher:
+      batches = self._batches_from(position)
+      while position.step < total:
+        num_steps = min(config.train.steps_per_loop, total - position.step,
+                        checkpoint_due.next_due(position.step) - position.step,
+                        eval_due.next_due(position.step) - position.step)
+        self._train_metrics.reset()
+        loop_start = time.perf_counter()
+        weights_finite = self._train_loop(batches, tf.constant(num_steps))
+        train_metrics = self._train_metrics.result()  # host sync: waits for the n steps
+        loop_seconds = time.perf_counter() - loop_start
+        reached = position.advance(num_steps, batch_size)
+        if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
+          position = self._roll_back(position, reached, train_metrics["loss"])
+          batches = self._batches_from(position)
+          continue
+        position = reached
+        throughput.add(num_steps * batch_size, loop_seconds)
+        self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
+
+        if watcher.stop_agreed():
+          self.save(position)
+          self.checkpoints.wait()
+          raise Preempted(position.step)
+        if eval_due.due(position.step):
+          eval_metrics = self.evaluate(position.step)
+          self._keep_if_best(position, eval_metrics)
+        if checkpoint_due.due(position.step):
+          self.save(position)
 
     self.checkpoints.wait()  # the final step is on disk before anything reports it
     if eval_metrics is None:  # resumed at the final step: nothing trained, still report
-      eval_metrics = self.evaluate(step)
-    self.export(step)
+      eval_metrics = self.evaluate(position.step)
+    self.export(position.step)
     summary = {
-        "step": step,
+        "step": position.step,
         "train_loss": train_metrics.get("loss"),
         "train_accuracy": train_metrics.get("accuracy"),
         "eval_loss": eval_metrics["loss"],
@@ -160,6 +186,7 @@ class Trainer:
         "examples_per_sec": throughput.per_second(),
         "num_replicas": self.strategy.num_replicas_in_sync,
         "strategy": config.runtime.strategy,
+        "rollbacks": self._rollbacks,
         "wall_time_sec": time.perf_counter() - started,
         "train_time_sec": throughput.seconds,
         "eval_time_sec": self._eval_seconds,
@@ -191,34 +218,105 @@ class Trainer:
                  step, result["loss"], result["accuracy"], result["examples"])
     return result
 
-  def save(self, step: int) -> None:
-    """Starts an async checkpoint of `step`; refuses non-finite weights."""
-    model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
-    bad = checkpoints.non_finite_keys(model_tree)
-    if bad:  # the loss is computed before each update, so check the weights themselves
-      raise NonFiniteError(f"weights became non-finite by step {step} ({bad[0]}); "
-                           f"not saved ({self._last_checkpoint()})")
-    blocked = self.checkpoints.save(
-        step, model_tree,
-        checkpoints.variables_tree(checkpoints.optimizer_variables(self.optimizer)),
-        {"step": step, "config": self.config.to_dict()})
+  def save(self, position: Position) -> None:
+    """Starts an async checkpoint of `position` (once per step); refuses non-finite state."""
+    if self.checkpoints.latest_step() == position.step:
+      return
+    blocked = self.checkpoints.save(position.step, *self._snapshot(position))
     self._checkpoint_seconds += blocked
-    logging.info("checkpoint at step %d started (blocked training %.3fs)", step, blocked)
+    logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step, blocked)
 
-  def restore_latest(self) -> int:
-    """Loads the latest checkpoint into the model and optimizer; returns its step (0: none)."""
-    step = self.checkpoints.latest_step()
-    if step is None:
-      return 0
+  def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
+    if self._best_checkpoints is not None:
+      self._best_checkpoints.save(position.step, *self._snapshot(position),
+                                  metrics={"accuracy": eval_metrics["accuracy"]})
+
+  def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
+    """Host copies of the state to save: model tree, optimizer tree, meta."""
+    model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
+    optimizer_tree = checkpoints.variables_tree(checkpoints.optimizer_variables(self.optimizer))
+    bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
+    if bad:
+      raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
+                           f"({self._last_checkpoint()})")
+    meta = {"step": position.step, "examples_consumed": position.examples,
+            "config": self.config.to_dict()}
+    return model_tree, optimizer_tree, meta
+
+  def _report_progress(self, step, metrics, num_steps, loop_seconds) -> None:
+    examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
+    self.summaries.scalars("train", step, {
+        "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+        "learning_rate": float(self.optimizer.learning_rate.numpy()),
+        "examples_per_sec": examples_per_sec})
+    logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.0f examples/s | ETA %s",
+                 step, self.config.train.steps, metrics["loss"], metrics["accuracy"],
+                 examples_per_sec,
+                 _eta(self.config.train.steps - step, loop_seconds / num_steps))
+
+  # -- state in and out ---------------------------------------------------------
+
+  def restore_latest(self) -> Position | None:
+    """Loads the newest readable checkpoint into the model and optimizer.
+
+    An unreadable step (files deleted or truncated) is set aside with a warning
+    and the one before it is tried; a step of another model is refused (exit 2).
+    """
     model_variables = checkpoints.model_variables(self.model)
     optimizer_variables = checkpoints.optimizer_variables(self.optimizer)
-    model_tree, optimizer_tree, _ = self.checkpoints.restore(
-        step, checkpoints.variables_tree(model_variables),
-        checkpoints.variables_tree(optimizer_variables))
-    checkpoints.assign_tree(model_variables, model_tree)
-    checkpoints.assign_tree(optimizer_variables, optimizer_tree)
-    logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
-    return step
+    for step in reversed(self.checkpoints.all_steps()):
+      try:
+        model_tree, optimizer_tree, meta = self.checkpoints.restore(
+            step, checkpoints.variables_tree(model_variables),
+            checkpoints.variables_tree(optimizer_variables))
+      except checkpoints.CorruptCheckpoint as e:
+        moved = self.checkpoints.set_aside(step)
+        logging.warning("Checkpoint %d is unreadable (%s)%s; trying the one before it.", step, e,
+                        f"; moved to {moved}" if moved else "")
+        continue
+      checkpoints.assign_tree(model_variables, model_tree)
+      checkpoints.assign_tree(optimizer_variables, optimizer_tree)
+      logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
+      return Position(step, int(meta["examples_consumed"]))
+    return None
+
+  def warm_start(self) -> Position:
+    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir."""
+    source = self.config.checkpoint.init_from
+    if source:
+      model_variables = checkpoints.model_variables(self.model)
+      tree, item = checkpoints.read_model_weights(
+          source, checkpoints.variables_tree(model_variables))
+      checkpoints.assign_tree(model_variables, tree)
+      logging.info("Warm start: weights from %s; optimizer state and step start fresh.", item)
+    return Position(0, 0)
+
+  def _roll_back(self, position: Position, reached: Position, loss: float) -> Position:
+    """Non-finite loss or weights in the loop that ended at `reached`."""
+    what = (f"non-finite loss ({loss})" if not math.isfinite(loss) else "non-finite weights")
+    where = f"in steps {position.step + 1}..{reached.step}"
+    policy = self.config.train.nonfinite_policy
+    if policy == "stop":
+      raise NonFiniteError(f"{what} {where}; stopped without saving them "
+                           f"({self._last_checkpoint()})")
+    if self._rollbacks >= self.config.train.max_rollbacks:
+      raise NonFiniteError(f"{what} {where} after {self._rollbacks} rollback(s) "
+                           f"(train.max_rollbacks); stopped ({self._last_checkpoint()})")
+    self.checkpoints.wait()
+    restored = self.restore_latest()
+    if restored is None:
+      raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
+    self._rollbacks += 1
+    logging.warning("%s %s: rolled back to step %d and skipped the data up to example %d "
+                    "(rollback %d of %d)", what, where, restored.step, reached.examples,
+                    self._rollbacks, self.config.train.max_rollbacks)
+    return Position(restored.step, reached.examples)
+
+  def _batches_from(self, position: Position):
+    dataset = batching.train_dataset(self.splits, seed=self.config.runtime.seed,
+                                     global_batch_size=self.config.train.global_batch_size,
+                                     start_example=position.examples)
+    return iter(self.strategy.experimental_distribute_dataset(dataset))
 
   def export(self, step: int) -> str | None:
     """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""
@@ -236,8 +334,10 @@ class Trainer:
     return "no checkpoint yet" if step is None else f"the last checkpoint is step {step}"
 
   def close(self) -> None:
-    self.checkpoints.wait()
-    self.checkpoints.close()
+    for manager in (self.checkpoints, self._best_checkpoints):
+      if manager is not None:
+        manager.wait()
+        manager.close()
     self.summaries.close()
 
 

@@ -1,6 +1,8 @@
 """The layout of model_dir, and atomic JSON files in it.
 
   checkpoints/<step>/   orbax (trainer/checkpoints.py)
+  checkpoints_best/<step>/   the best by eval accuracy (checkpoint.keep_best)
+  checkpoints_corrupt/<step>.<time>/   unreadable steps, set aside
   tensorboard/{train,eval}/
   export/<step>/        SavedModel (trainer/export.py)
   config.json           the resolved config of the last run started here
@@ -12,6 +14,10 @@ import os
 
 def checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints")
+
+
+def best_checkpoint_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "checkpoints_best")
 
 
 def summary_path(model_dir: str) -> str:

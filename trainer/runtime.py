@@ -62,3 +62,12 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return True
   has_chief = "chief" in resolver.cluster_spec().as_dict()
   return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+  """Processes that take part in the strategy's collectives (1 for a local strategy)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return 1
+  cluster = resolver.cluster_spec().as_dict()
+  return len(cluster.get("worker", [])) + len(cluster.get("chief", []))

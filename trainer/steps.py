@@ -55,7 +55,7 @@ class MetricSums:
 
 def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
                     global_batch_size: int, communication_options):
-  """Returns `train_loop(iterator, num_steps)`: `num_steps` steps in one tf.function."""
+  """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
   variables = model.trainable_variables
 
   def replica_step(batch):
@@ -79,8 +79,11 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 
   @tf.function
   def train_loop(iterator, num_steps):
+    """Runs `num_steps` steps; returns whether every weight is still finite (on device,
+    so the loop boundary learns it in the same host sync as the metrics)."""
     for _ in tf.range(num_steps):
       strategy.run(replica_step, args=(next(iterator),))
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
   return train_loop
 

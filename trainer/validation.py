@@ -5,6 +5,7 @@ second with one line that names the field and the value. Checks that need the
 runtime (batch divisible by the replica count) live in trainer/runtime.py.
 """
 import math
+import os
 
 import ml_collections
 
@@ -17,6 +18,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
 SUPPORTED_STRATEGIES = ("default", "one_device", "mirrored")
 ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
+NONFINITE_POLICIES = ("stop", "rollback")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -36,11 +38,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "train.learning_rate")
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
 
+  _one_of(config, "train.nonfinite_policy", NONFINITE_POLICIES)
+  _non_negative(config, "train.max_rollbacks")
+
   _non_negative(config, "eval.interval")
   _positive(config, "eval.global_batch_size")
 
   _positive(config, "checkpoint.interval")
   _positive(config, "checkpoint.max_to_keep")
+  _non_negative(config, "checkpoint.keep_period")
+  _non_negative(config, "checkpoint.keep_best")
+  if config.checkpoint.init_from and not os.path.isdir(config.checkpoint.init_from):
+    raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
 
   _one_of(config, "runtime.strategy", STRATEGIES)
   if config.runtime.strategy not in SUPPORTED_STRATEGIES:

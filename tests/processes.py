@@ -1,0 +1,96 @@
+"""A trainer process a test can watch and signal: wait for a log line, then act.
+
+Tests react to what the trainer says (e.g. "step 35/") instead of sleeping.
+"""
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+from tests.cli import REPO, run_python
+
+
+class TrainerProcess:
+
+  def __init__(self, model_dir, *flags: str, module: str = "trainer", env: dict | None = None):
+    self.lines: list[str] = []
+    self._queue: "queue.Queue[str | None]" = queue.Queue()
+    command = [sys.executable, "-m", module, *([f"--model_dir={model_dir}"] if module == "trainer" else []), *flags]
+    self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, **(env or {})})
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in self.process.stdout:
+      self._queue.put(line)
+    self._queue.put(None)
+
+  def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
+    """Blocks until a line matches `pattern`; fails if the process ends first."""
+    regex = re.compile(pattern)
+    while True:
+      try:
+        line = self._queue.get(timeout=timeout)
+      except queue.Empty:
+        raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n" +
+                             "".join(self.lines[-30:])) from None
+      if line is None:
+        raise AssertionError(f"process ended before {pattern!r}:\n" + "".join(self.lines[-30:]))
+      self.lines.append(line)
+      match = regex.search(line)
+      if match:
+        return match
+
+  def send(self, signum: int = signal.SIGTERM) -> None:
+    self.process.send_signal(signum)
+
+  def wait(self, timeout: float = 300) -> int:
+    returncode = self.process.wait(timeout=timeout)
+    while True:  # drain what is left, so `output` is complete
+      try:
+        line = self._queue.get(timeout=10)
+      except queue.Empty:
+        break
+      if line is None:
+        break
+      self.lines.append(line)
+    return returncode
+
+  @property
+  def output(self) -> str:
+    return "".join(self.lines)
+
+  def kill(self) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait()
+
+
+def checkpoint_arrays(model_dir, step: int) -> dict:
+  """{'model/mnist_cnn/conv/kernel': array, 'optimizer/...': ...} read with plain orbax."""
+  out = os.path.join(str(model_dir), f"arrays_{step}.npz")
+  run_python(
+      "import numpy as np, orbax.checkpoint as ocp\n"
+      "flat = {}\n"
+      "def walk(node, path):\n"
+      "  for key, value in node.items():\n"
+      "    walk(value, f'{path}/{key}') if isinstance(value, dict) else flat.__setitem__(f'{path}/{key}', value)\n"
+      "for item in ('model', 'optimizer'):\n"
+      f"  walk(ocp.PyTreeCheckpointer().restore('{model_dir}/checkpoints/{step}/' + item), item)\n"
+      f"np.savez('{out}', **flat)\n")
+  with np.load(out) as f:
+    arrays = {key: f[key] for key in f.files}
+  os.remove(out)
+  return arrays
+
+
+def assert_same_state(actual: dict, expected: dict, atol: float) -> None:
+  assert actual.keys() == expected.keys()
+  for key in expected:
+    np.testing.assert_allclose(actual[key], expected[key], atol=atol, rtol=0, err_msg=key)
