@@ -9,19 +9,17 @@ import os
 import re
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter, unless asked
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags  # pylint: disable=wrong-import-position
-from absl import logging  # pylint: disable=wrong-import-position
-from ml_collections import config_flags  # pylint: disable=wrong-import-position
-
-import configs  # pylint: disable=wrong-import-position
-import input_pipelines  # pylint: disable=wrong-import-position
-from trainer import logs  # pylint: disable=wrong-import-position
-from trainer import outputs  # pylint: disable=wrong-import-position
-from trainer import validation  # pylint: disable=wrong-import-position
-from trainer.errors import NonFiniteError, Preempted, UserError  # pylint: disable=wrong-import-position
+import configs
+import input_pipelines
+from trainer import logs
+from trainer import outputs
+from trainer import validation
+from trainer.errors import NonFiniteError, Preempted, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42

@@ -110,15 +110,19 @@ class Checkpoints:
     self.directory = os.path.abspath(directory)
     self._writer = writer
     self._best_metric = best_metric
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
-        keep_period=keep_period or None,
-        best_fn=(lambda metrics: metrics[best_metric]) if best_metric else None,
-        best_mode="max",
-        keep_checkpoints_without_metrics=not best_metric,
-        enable_async_checkpointing=async_save,
-        create=False,
-        read_only=not writer)
+    if writer:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep,
+          keep_period=keep_period or None,
+          best_fn=(lambda metrics: metrics[best_metric]) if best_metric else None,
+          best_mode="max",
+          keep_checkpoints_without_metrics=not best_metric,
+          enable_async_checkpointing=async_save,
+          create=False)
+    else:  # retention and saving options do not apply (orbax warns if they are set)
+      options = ocp.CheckpointManagerOptions(
+          read_only=True, save_interval_steps=0, max_to_keep=None, create=False,
+          cleanup_tmp_directories=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_item_handlers())
 
@@ -141,22 +145,24 @@ class Checkpoints:
         meta=ocp.args.JsonSave(meta)))
     return time.perf_counter() - start
 
-  def restore(self, step: int, model_target: dict, optimizer_target: dict):
-    """Returns (model_tree, optimizer_tree, meta) of `step`.
+  def restore(self, step: int, model_target: dict, optimizer_target: dict | None):
+    """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
 
     Raises UserError if the step was written by another model (checked before
     anything is read), CorruptCheckpoint if it cannot be read.
     """
+    targets = {"model": model_target}
+    if optimizer_target is not None:
+      targets["optimizer"] = optimizer_target
     try:
       metadata = self._manager.item_metadata(step)
-      for item, target in (("model", model_target), ("optimizer", optimizer_target)):
+      for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
                        getattr(metadata[item], "tree", metadata[item]), target)
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          model=ocp.args.StandardRestore(model_target),
-          optimizer=ocp.args.StandardRestore(optimizer_target),
-          meta=ocp.args.JsonRestore()))
-      return restored["model"], restored["optimizer"], dict(restored["meta"])
+          meta=ocp.args.JsonRestore(),
+          **{item: ocp.args.StandardRestore(target) for item, target in targets.items()}))
+      return restored["model"], restored.get("optimizer"), dict(restored["meta"])
     except UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
@@ -186,25 +192,26 @@ class Checkpoints:
 def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:
   """Model weights from a model_dir, its checkpoints/ or one checkpoints/<step>/ (warm start).
 
-  Returns (model_tree, the item directory read). Shape-checked like a resume.
+  Returns (model_tree, the step directory read). Shape-checked like a resume.
   """
   path = os.path.abspath(path)
   if os.path.isdir(os.path.join(path, "checkpoints")):
     path = os.path.join(path, "checkpoints")
-  if not os.path.isdir(os.path.join(path, "model")):
-    steps = [int(name) for name in os.listdir(path) if name.isdigit()]
-    if not steps:
-      raise UserError(f"checkpoint.init_from={path}: no checkpoint there")
-    path = os.path.join(path, str(max(steps)))
-  item = os.path.join(path, "model")
-  checkpointer = ocp.StandardCheckpointer()
+  step = None
+  if os.path.isdir(os.path.join(path, "model")):  # one step directory
+    path, step = os.path.split(path)
+    step = int(step) if step.isdigit() else None
+  source = Checkpoints(path, max_to_keep=1, async_save=False, writer=False)
   try:
-    _check_matches(item, checkpointer.metadata(item).item_metadata.tree, model_target)
-    return checkpointer.restore(item, model_target), item
-  except UserError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"checkpoint.init_from: cannot read {item}: {_first_line(e)}") from None
+    step = step if step is not None else source.latest_step()
+    if step is None:
+      raise UserError(f"checkpoint.init_from: no checkpoint in {path}")
+    model_tree, _, _ = source.restore(step, model_target, None)
+  except CorruptCheckpoint as e:
+    raise UserError(f"checkpoint.init_from: cannot read {e}") from None
+  finally:
+    source.close()
+  return model_tree, os.path.join(path, str(step))
 
 
 def _check_matches(where: str, stored_tree, target: dict) -> None:

@@ -19,6 +19,7 @@ from input_pipelines import batching
 from input_pipelines.splits import Splits
 from trainer import checkpoints
 from trainer import export
+from trainer import logs
 from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
@@ -27,6 +28,9 @@ from trainer import runtime
 from trainer import steps
 from trainer import summaries
 from trainer.errors import NonFiniteError, Preempted
+
+
+_FAILED_READ_DRAIN_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,23 +266,36 @@ class Trainer:
     An unreadable step (files deleted or truncated) is set aside with a warning
     and the one before it is tried; a step of another model is refused (exit 2).
     """
+    for step in reversed(self.checkpoints.all_steps()):
+      position = self._restore_step(step)
+      if position is not None:
+        logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
+        return position
+    return None
+
+  def _restore_step(self, step: int) -> Position | None:
+    """The position of `step` once loaded; None if it is unreadable (then set aside)."""
     model_variables = checkpoints.model_variables(self.model)
     optimizer_variables = checkpoints.optimizer_variables(self.optimizer)
-    for step in reversed(self.checkpoints.all_steps()):
+    error = moved = None
+    with logs.stderr_captured() as library_output:
       try:
         model_tree, optimizer_tree, meta = self.checkpoints.restore(
             step, checkpoints.variables_tree(model_variables),
             checkpoints.variables_tree(optimizer_variables))
       except checkpoints.CorruptCheckpoint as e:
-        moved = self.checkpoints.set_aside(step)
-        logging.warning("Checkpoint %d is unreadable (%s)%s; trying the one before it.", step, e,
-                        f"; moved to {moved}" if moved else "")
-        continue
-      checkpoints.assign_tree(model_variables, model_tree)
-      checkpoints.assign_tree(optimizer_variables, optimizer_tree)
-      logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
-      return Position(step, int(meta["examples_consumed"]))
-    return None
+        # The failed read's pending tensorstore callbacks print asyncio
+        # tracebacks to fd 2 from other threads for a moment: let them, unseen.
+        library_output.discard()
+        error, moved = e, self.checkpoints.set_aside(step)
+        time.sleep(_FAILED_READ_DRAIN_SECONDS)
+    if error is not None:
+      logging.warning("Checkpoint %d is unreadable (%s)%s; trying the one before it.",
+                      step, error, f"; moved to {moved}" if moved else "")
+      return None
+    checkpoints.assign_tree(model_variables, model_tree)
+    checkpoints.assign_tree(optimizer_variables, optimizer_tree)
+    return Position(step, int(meta["examples_consumed"]))
 
   def warm_start(self) -> Position:
     """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir."""
