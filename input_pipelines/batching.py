@@ -17,15 +17,22 @@ _FOREVER = np.iinfo(np.int64).max
 
 
 def train_dataset(splits: Splits, *, seed: int, global_batch_size: int,
-                  start_example: int) -> tf.data.Dataset:
-  """Infinite stream of global batches, starting at example `start_example` of the stream."""
+                  start_example: int, salted: bool = False) -> tf.data.Dataset:
+  """Infinite stream of global batches, starting at example `start_example` of the stream.
+
+  `salted`: for asynchronous (parameter-server) workers, which cannot share one
+  stream; each adds the clock at which it builds the pipeline to the seed, so
+  no two workers read the same order.
+  """
   num_examples = len(splits.train_labels)
   first_epoch, offset = divmod(start_example, num_examples)
+  order_seed = tf.constant(seed, tf.int64)
+  if salted:
+    order_seed += tf.cast(tf.timestamp() * 1e6, tf.int64)
 
   def epoch_order(epoch):
     order = tf.random.experimental.stateless_shuffle(
-        tf.range(num_examples, dtype=tf.int64),
-        seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+        tf.range(num_examples, dtype=tf.int64), seed=tf.stack([order_seed, epoch]))
     return tf.data.Dataset.from_tensor_slices(order)
 
   indices = (tf.data.Dataset.range(first_epoch, _FOREVER)

@@ -26,7 +26,7 @@ def test_shipped_configs_are_valid(get_config):
     ("checkpoint.interval", 0, "checkpoint.interval=0 must be positive"),
     ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0 must be positive"),
     ("runtime.strategy", "horovod", "runtime.strategy='horovod' is unknown"),
-    ("runtime.strategy", "tpu", "not yet supported"),
+    ("runtime.slurm_port_base", 70000, "runtime.slurm_port_base=70000 must be in [1, 65535]"),
     ("runtime.num_cpu_devices", 0, "runtime.num_cpu_devices=0 must be positive"),
     ("runtime.all_reduce_implementation", "mpi", "is unknown"),
 ])

@@ -53,6 +53,8 @@ def _run(config, model_dir: str, mode: str) -> int:
     raise UserError(f"--model_dir={model_dir} exists and is not a directory")
   if mode == "continuous_eval":
     raise UserError("--mode=continuous_eval is not yet supported")
+  if _is_parameter_server_task(config):
+    return _serve()
   if mode in ("train", "train_and_eval"):
     step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
@@ -67,6 +69,7 @@ def _run(config, model_dir: str, mode: str) -> int:
     from trainer import runtime  # pylint: disable=g-import-not-at-top
     runtime.configure(config.runtime)
     strategy = runtime.create_strategy(config.runtime)
+    runtime.seed(config.runtime)
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
 
   training = mode in ("train", "train_and_eval")
@@ -87,6 +90,29 @@ def _run(config, model_dir: str, mode: str) -> int:
     return EXIT_OK
   finally:
     trainer.close()
+
+
+def _is_parameter_server_task(config) -> bool:
+  """A worker or ps task of a parameter-server cluster (TF_CONFIG): it serves, the
+  chief trains. Read without TensorFlow, before the finished-job check."""
+  if config.runtime.strategy != "parameter_server":
+    return False
+  try:
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  except ValueError:
+    raise UserError("TF_CONFIG is not valid JSON") from None
+  return task.get("type") in ("worker", "ps")
+
+
+def _serve() -> int:
+  """Runs this task's gRPC server until the launcher (or the cluster manager) stops it."""
+  with logs.native_startup_silenced():
+    from trainer import runtime  # pylint: disable=g-import-not-at-top
+    resolver = runtime.cluster_resolver(_CONFIG.value.runtime)
+  logging.info("Serving as %s %d of the parameter-server cluster", resolver.task_type,
+               resolver.task_id)
+  runtime.serve(resolver)
+  return EXIT_OK
 
 
 def _load_config():

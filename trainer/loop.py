@@ -5,6 +5,7 @@ periodic work; trainer/steps.py owns what runs compiled; input_pipelines owns
 the data order (a pure function of seed and position); trainer/checkpoints.py
 owns the disk format; trainer/preemption.py owns signals. Only the chief writes.
 """
+import contextlib
 import dataclasses
 import math
 import os
@@ -18,6 +19,7 @@ import models
 from input_pipelines import batching
 from input_pipelines.splits import Splits
 from trainer import checkpoints
+from trainer.agreement import Agreement
 from trainer import export
 from trainer import logs
 from trainer import optimizers
@@ -100,11 +102,16 @@ class Trainer:
     self.strategy = strategy
     self.splits = splits
     self.is_chief = runtime.is_chief(strategy)
+    self.agreement = Agreement(strategy)
+    # parameter_server: this process is the coordinator; it schedules steps on the workers.
+    self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
       self.model = models.build(config.model)
       self.optimizer = optimizers.create(config.train)
       self.optimizer.build(self.model.trainable_variables)
       self._train_metrics = steps.MetricSums("train")
+    # Eval runs under the strategy, except with a coordinator: there it runs right here.
+    with contextlib.nullcontext() if self.coordinator else strategy.scope():
       self._eval_metrics = steps.MetricSums("eval")
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
@@ -116,10 +123,16 @@ class Trainer:
         best_metric="accuracy", async_save=config.checkpoint.async_save,
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
-    self._train_loop = steps.make_train_loop(
-        strategy, self.model, self.optimizer, self._train_metrics,
-        global_batch_size=config.train.global_batch_size,
-        communication_options=runtime.communication_options(config.runtime))
+    if self.coordinator:
+      self._train_loop = steps.make_parameter_server_train_loop(
+          self.coordinator, self.model, self.optimizer, self._train_metrics,
+          global_batch_size=config.train.global_batch_size,
+          num_workers=runtime.num_workers(strategy))
+    else:
+      self._train_loop = steps.make_train_loop(
+          strategy, self.model, self.optimizer, self._train_metrics,
+          global_batch_size=config.train.global_batch_size,
+          communication_options=runtime.communication_options(config.runtime))
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._rollbacks = 0
     self._eval_seconds = 0.0
@@ -144,8 +157,7 @@ class Trainer:
 
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None
-    watcher = preemption.PreemptionWatcher(self.strategy,
-                                           num_workers=runtime.num_workers(self.strategy))
+    watcher = preemption.PreemptionWatcher(self.agreement)
     with watcher:
       batches = self._batches_from(position)
       while position.step < total:
@@ -209,9 +221,12 @@ class Trainer:
     if self._eval_pass is None:
       dataset = batching.eval_dataset(self.splits,
                                       global_batch_size=self.config.eval.global_batch_size)
-      self._eval_pass = steps.make_eval_pass(
-          self.strategy, self.model, self._eval_metrics,
-          self.strategy.experimental_distribute_dataset(dataset))
+      if self.coordinator:
+        self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset)
+      else:
+        self._eval_pass = steps.make_eval_pass(
+            self.strategy, self.model, self._eval_metrics,
+            self.strategy.experimental_distribute_dataset(dataset))
     self._eval_metrics.reset()
     self._eval_pass()
     result = self._eval_metrics.result()  # host sync
@@ -228,7 +243,9 @@ class Trainer:
       return
     blocked = self.checkpoints.save(position.step, *self._snapshot(position))
     self._checkpoint_seconds += blocked
-    logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step, blocked)
+    if self.is_chief:
+      logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
+                   blocked)
 
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
@@ -268,7 +285,9 @@ class Trainer:
     """
     for step in reversed(self.checkpoints.all_steps()):
       position = self._restore_step(step)
-      if position is not None:
+      # Every worker lists the same shared directory; all of them must have read
+      # this step, or all go on to the one before it.
+      if self.agreement.all(position is not None):
         logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
         return position
     return None
@@ -330,10 +349,15 @@ class Trainer:
     return Position(restored.step, reached.examples)
 
   def _batches_from(self, position: Position):
-    dataset = batching.train_dataset(self.splits, seed=self.config.runtime.seed,
-                                     global_batch_size=self.config.train.global_batch_size,
-                                     start_example=position.examples)
-    return iter(self.strategy.experimental_distribute_dataset(dataset))
+    def dataset(salted=False):
+      return batching.train_dataset(self.splits, seed=self.config.runtime.seed,
+                                    global_batch_size=self.config.train.global_batch_size,
+                                    start_example=position.examples, salted=salted)
+    if self.coordinator:
+      # Asynchronous workers cannot split one stream exactly: each reads its own
+      # order of the data (a per-worker salt), from the checkpointed position.
+      return iter(self.coordinator.create_per_worker_dataset(lambda: dataset(salted=True)))
+    return iter(self.strategy.experimental_distribute_dataset(dataset()))
 
   def export(self, step: int) -> str | None:
     """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""

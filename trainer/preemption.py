@@ -11,7 +11,8 @@ import signal
 import threading
 
 from absl import logging
-import tensorflow as tf
+
+from trainer.agreement import Agreement
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -19,9 +20,8 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class PreemptionWatcher:
   """Context manager: installs the handlers on entry and restores the old ones on exit."""
 
-  def __init__(self, strategy: tf.distribute.Strategy, *, num_workers: int):
-    self._strategy = strategy
-    self._num_workers = num_workers
+  def __init__(self, agreement: Agreement):
+    self._agreement = agreement
     self._requested = threading.Event()
     self._previous = {}
 
@@ -47,8 +47,4 @@ class PreemptionWatcher:
 
   def stop_agreed(self) -> bool:
     """Every worker calls this at every loop boundary; True on all of them or none."""
-    local = self._requested.is_set()
-    if self._num_workers <= 1:
-      return local
-    flags = self._strategy.run(lambda: tf.constant(1.0 if local else 0.0))
-    return float(self._strategy.reduce(tf.distribute.ReduceOp.MAX, flags, axis=None)) > 0
+    return self._agreement.any(self._requested.is_set())

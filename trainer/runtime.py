@@ -1,8 +1,11 @@
 """The TensorFlow runtime: devices, determinism, seeds and the tf.distribute strategy.
 
 `configure()` must run before anything touches a device (logical CPU devices
-can only be declared before the runtime starts); `create_strategy()` right after.
+can only be declared before the runtime starts); `create_strategy()` right after,
+then `seed()`.
 """
+import os
+
 import keras
 import ml_collections
 import tensorflow as tf
@@ -11,28 +14,111 @@ from trainer.errors import UserError
 
 
 def configure(runtime_config: ml_collections.ConfigDict) -> None:
-  """Declares logical CPU devices, turns on determinism, seeds every RNG."""
+  """Declares logical CPU devices and turns on determinism (before the runtime starts)."""
   if runtime_config.num_cpu_devices > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * runtime_config.num_cpu_devices)
   if runtime_config.deterministic:
     tf.config.experimental.enable_op_determinism()
+
+
+def seed(runtime_config: ml_collections.ConfigDict) -> None:
+  """Seeds Python, numpy and TensorFlow. After `create_strategy()`: seeding starts
+  the TensorFlow runtime, and multi-worker collectives must be set up before it."""
   keras.utils.set_random_seed(runtime_config.seed)
 
 
+def cluster_resolver(runtime_config: ml_collections.ConfigDict):
+  """Where this process sits in a cluster: TF_CONFIG if set, else Slurm's environment
+  (SLURM_PROCID inside an `srun` step), else None (a single process)."""
+  if os.environ.get("TF_CONFIG"):
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  if "SLURM_PROCID" in os.environ and "SLURM_STEP_NODELIST" in os.environ:
+    return _slurm_resolver(runtime_config)
+  return None
+
+
+def _slurm_resolver(runtime_config: ml_collections.ConfigDict):
+  """Every Slurm task a worker, ports from runtime.slurm_port_base on each node.
+
+  On a node without GPUs the resolver's GPU allocation loop (a range with step
+  gpus_per_task) would fail or drop tasks, so it is given a nominal GPU count
+  and told not to touch CUDA_VISIBLE_DEVICES.
+  """
+  kwargs = {"port_base": runtime_config.slurm_port_base}
+  if not tf.config.list_physical_devices("GPU"):
+    kwargs.update(gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False)
+  try:
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(**kwargs)
+    resolver.cluster_spec()  # resolves task_type and task_id
+  except (RuntimeError, ValueError, KeyError) as e:
+    raise UserError(f"cannot read the Slurm environment: {e}") from None
+  return resolver
+
+
 def create_strategy(runtime_config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+  """The strategy of `runtime.strategy`. Multi-worker strategies come first: they
+  must set up collectives before anything (even listing devices) starts the runtime."""
   name = runtime_config.strategy
-  gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+  if name == "multi_worker_mirrored":
+    # One replica per GPU of every worker (one per worker on CPU-only machines).
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver(runtime_config),
+        communication_options=communication_options(runtime_config))
+  if name == "parameter_server":
+    return _parameter_server_strategy(runtime_config)
+  if name == "tpu":
+    return _tpu_strategy()
   if name == "default":
     return tf.distribute.get_strategy()
+  gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+  # All GPUs when there are any; else N logical CPU devices (runtime.num_cpu_devices).
+  local_devices = gpus or [d.name for d in tf.config.list_logical_devices("CPU")]
   if name == "one_device":
-    return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(local_devices[0])
   if name == "mirrored":
-    # All GPUs when there are any; else N logical CPU devices (runtime.num_cpu_devices).
-    devices = gpus or [d.name for d in tf.config.list_logical_devices("CPU")]
-    return tf.distribute.MirroredStrategy(devices)
-  raise UserError(f"runtime.strategy={name!r} is not yet supported")
+    return tf.distribute.MirroredStrategy(local_devices)
+  if name == "central_storage":
+    # Variables on the CPU, compute replicated over the local devices.
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=local_devices, parameter_device="/cpu:0")
+  raise UserError(f"runtime.strategy={name!r} is unknown")
+
+
+def _parameter_server_strategy(runtime_config: ml_collections.ConfigDict):
+  resolver = cluster_resolver(runtime_config)
+  cluster = resolver.cluster_spec().as_dict() if resolver else {}
+  if not cluster.get("ps") or not cluster.get("worker"):
+    raise UserError("runtime.strategy='parameter_server' needs a cluster with 'ps' and 'worker' "
+                    "tasks: start it with `python -m trainer.launch --num_workers=N --num_ps=M` "
+                    "or set TF_CONFIG")
+  return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+def _tpu_strategy():
+  try:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+  except (ValueError, RuntimeError, tf.errors.OpError) as e:
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise UserError(f"runtime.strategy='tpu': no TPU found ({first_line[:200]})") from None
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def serves_only(strategy_name: str, resolver) -> bool:
+  """True for the worker and ps tasks of a parameter-server cluster: they run a
+  tf.distribute.Server and wait; the chief (the coordinator) does the training."""
+  return (strategy_name == "parameter_server" and resolver is not None
+          and resolver.task_type in ("worker", "ps"))
+
+
+def serve(resolver) -> None:
+  """Runs this task's gRPC server until the process is killed."""
+  server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                task_index=resolver.task_id, protocol="grpc", start=True)
+  server.join()
 
 
 def communication_options(runtime_config: ml_collections.ConfigDict):
@@ -65,9 +151,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Processes that take part in the strategy's collectives (1 for a local strategy)."""
+  """Worker processes of a multi-worker strategy (1 for a local strategy)."""
   resolver = getattr(strategy, "cluster_resolver", None)
   if resolver is None or not resolver.task_type:
     return 1
-  cluster = resolver.cluster_spec().as_dict()
-  return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+  return max(1, len(resolver.cluster_spec().as_dict().get("worker", [])))
+
+
+def coordinator(strategy: tf.distribute.Strategy):
+  """The ClusterCoordinator of a parameter-server strategy, else None."""
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+  return None

@@ -53,9 +53,9 @@ class MetricSums:
     }
 
 
-def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
-                    global_batch_size: int, communication_options):
-  """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
+def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_size: int,
+                       communication_options):
+  """One optimizer step on this replica's share of a global batch."""
   variables = model.trainable_variables
 
   def replica_step(batch):
@@ -77,19 +77,68 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
         args=(reduced,))
     metrics.update(per_example_loss, logits, labels)
 
+  return replica_step
+
+
+def _all_finite(variables):
+  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
+
+
+def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
+                    global_batch_size: int, communication_options):
+  """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
+  replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
+                                    communication_options=communication_options)
+
   @tf.function
   def train_loop(iterator, num_steps):
     """Runs `num_steps` steps; returns whether every weight is still finite (on device,
     so the loop boundary learns it in the same host sync as the metrics)."""
     for _ in tf.range(num_steps):
       strategy.run(replica_step, args=(next(iterator),))
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
+    return _all_finite(model.trainable_variables)
 
   return train_loop
 
 
-def make_eval_pass(strategy, model, metrics: MetricSums, distributed_dataset):
-  """Returns `eval_pass()`: one pass over every example of `distributed_dataset`."""
+def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: MetricSums, *,
+                                     global_batch_size: int, num_workers: int):
+  """The same `train_loop(per_worker_iterator, num_steps) -> weights_finite`, asynchronous.
+
+  The coordinator schedules the steps as a few closures of compiled steps; any
+  free worker runs one, reading and updating the variables on the parameter
+  servers. `join()` returns when all have run -- a closure of a worker that
+  died is run again elsewhere, so the job survives losing workers.
+  """
+  strategy = coordinator.strategy
+  replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
+                                    communication_options=None)
+
+  @tf.function
+  def worker_steps(iterator, num_steps):
+    for _ in tf.range(num_steps):
+      strategy.run(replica_step, args=(next(iterator),))
+
+  @tf.function
+  def weights_finite():
+    return _all_finite(model.trainable_variables)
+
+  def train_loop(per_worker_iterator, num_steps):
+    num_steps = int(num_steps)
+    pieces = min(num_steps, 2 * num_workers)  # enough to keep every worker busy
+    for i in range(pieces):
+      chunk = num_steps // pieces + (1 if i < num_steps % pieces else 0)
+      coordinator.schedule(worker_steps, args=(per_worker_iterator, tf.constant(chunk)))
+    coordinator.join()  # host sync: every scheduled step has run
+    return weights_finite()
+
+  return train_loop
+
+
+def make_eval_pass(strategy, model, metrics: MetricSums, dataset):
+  """Returns `eval_pass()`: one pass over every example of `dataset`, a distributed
+  dataset of `strategy`; with `strategy=None` a plain dataset evaluated right here
+  (the parameter-server coordinator, reading the weights from the servers)."""
 
   def replica_step(batch):
     images, labels = batch
@@ -98,7 +147,10 @@ def make_eval_pass(strategy, model, metrics: MetricSums, distributed_dataset):
 
   @tf.function
   def eval_pass():
-    for batch in distributed_dataset:
-      strategy.run(replica_step, args=(batch,))
+    for batch in dataset:
+      if strategy is None:
+        replica_step(batch)
+      else:
+        strategy.run(replica_step, args=(batch,))
 
   return eval_pass

@@ -16,7 +16,6 @@ from trainer.errors import UserError
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adagrad")
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
-SUPPORTED_STRATEGIES = ("default", "one_device", "mirrored")
 ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
 NONFINITE_POLICIES = ("stop", "rollback")
 
@@ -52,13 +51,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
 
   _one_of(config, "runtime.strategy", STRATEGIES)
-  if config.runtime.strategy not in SUPPORTED_STRATEGIES:
-    raise UserError(f"runtime.strategy={config.runtime.strategy!r} is not yet supported "
-                    f"(supported: {', '.join(SUPPORTED_STRATEGIES)})")
   _positive(config, "runtime.num_cpu_devices")
   _non_negative(config, "runtime.seed")
   _non_negative(config, "runtime.all_reduce_bytes_per_pack")
   _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
+  _in_range(config, "runtime.slurm_port_base", 1, 65535)
 
 
 def _get(config, field):
