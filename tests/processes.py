@@ -5,6 +5,7 @@ Tests react to what the trainer says (e.g. "step 35/") instead of sleeping.
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,12 +16,26 @@ import numpy as np
 from tests.cli import REPO, run_python
 
 
+def loopback_only() -> list[str]:
+  """A command prefix that runs a process tree in a private network namespace with
+  only 127.0.0.1 up, when we may (root, as in CI).
+
+  TensorFlow's gRPC server listens on 0.0.0.0 whatever address TF_CONFIG gives
+  (grpc_server_lib.cc); inside the namespace nothing but loopback exists.
+  """
+  if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+    return []
+  return ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+
+
 class TrainerProcess:
 
-  def __init__(self, model_dir, *flags: str, module: str = "trainer", env: dict | None = None):
+  def __init__(self, model_dir, *flags: str, module: str = "trainer", env: dict | None = None,
+               prefix: list[str] | None = None):
     self.lines: list[str] = []
     self._queue: "queue.Queue[str | None]" = queue.Queue()
-    command = [sys.executable, "-m", module, *([f"--model_dir={model_dir}"] if module == "trainer" else []), *flags]
+    model_dir_flags = [f"--model_dir={model_dir}"] if module == "trainer" else []
+    command = [*(prefix or []), sys.executable, "-m", module, *model_dir_flags, *flags]
     self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, **(env or {})})

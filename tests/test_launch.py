@@ -1,0 +1,273 @@
+"""`python -m trainer.launch`: ports, TF_CONFIG, logs, signals, restarts, exit codes.
+
+The launcher runs `tests.fake_task` (no TensorFlow, starts in milliseconds) instead of
+the trainer; the fake records its pid, TF_CONFIG, argv and the signals it gets in a
+state directory, and does what the test asks (`--then`, `--task=NAME=ACTION`). Every
+test ends by checking that no process it started is still alive.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli import REPO
+from tests.processes import TrainerProcess
+
+_READY = r"\[(\S+)\] task \S+ \d+ of cluster (.*) ready"
+
+
+def _args(state_dir, *launcher_flags, task_flags=()):
+  return ["--task_module=tests.fake_task", *launcher_flags, "--", f"--state_dir={state_dir}",
+          *task_flags]
+
+
+def _launch(state_dir, *launcher_flags, task_flags=()) -> subprocess.CompletedProcess:
+  command = [sys.executable, "-m", "trainer.launch", *_args(state_dir, *launcher_flags,
+                                                             task_flags=task_flags)]
+  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def _start(state_dir, *launcher_flags, task_flags=()) -> TrainerProcess:
+  """The launcher in the background; its stdout and stderr come merged, line by line."""
+  return TrainerProcess(None, *_args(state_dir, *launcher_flags, task_flags=task_flags),
+                        module="trainer.launch")
+
+
+def _wait_ready(process: TrainerProcess, names: set[str]) -> None:
+  ready = set()
+  while not names <= ready:
+    ready.add(process.wait_for(_READY, timeout=20).group(1))
+
+
+def _starts(state_dir) -> dict[str, list[int]]:
+  """{task name: pids of its starts, in order}."""
+  path = os.path.join(state_dir, "pids")
+  starts = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f.read().splitlines():
+        name, pid, _ = line.split()
+        starts.setdefault(name, []).append(int(pid))
+  return starts
+
+
+def _recorded(state_dir, name: str) -> dict:
+  with open(os.path.join(state_dir, f"{name}.json")) as f:
+    return json.load(f)
+
+
+def _signals(state_dir) -> list[str]:
+  path = os.path.join(state_dir, "signals")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return f.read().splitlines()
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+  except FileNotFoundError:
+    return False
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+  """The fake tasks' state directory; afterwards, every process they ran must be gone."""
+  yield tmp_path
+  pids = [pid for pids in _starts(tmp_path).values() for pid in pids]
+  deadline = time.monotonic() + 5  # only a killed launcher's children need a moment
+  while any(map(_alive, pids)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  left = [pid for pid in pids if _alive(pid)]
+  for pid in left:
+    os.kill(pid, signal.SIGKILL)
+  assert not left, f"processes left behind: {left}"
+
+
+def _assert_loopback_cluster(cluster: dict, shape: dict) -> None:
+  assert {kind: len(addresses) for kind, addresses in cluster.items()} == shape
+  addresses = [a for kind in cluster for a in cluster[kind]]
+  assert all(re.fullmatch(r"127\.0\.0\.1:\d+", a) for a in addresses), addresses
+  assert len(set(addresses)) == len(addresses)
+
+
+def test_synchronous_cluster_logs_and_exit_0(state_dir):
+  result = _launch(state_dir, "--num_workers=2", task_flags=["--config.train.steps=7"])
+  assert result.returncode == 0, result.stderr
+
+  cluster = _recorded(state_dir, "worker-0")["tf_config"]["cluster"]
+  _assert_loopback_cluster(cluster, {"worker": 2})
+  for i in range(2):
+    recorded = _recorded(state_dir, f"worker-{i}")
+    assert recorded["tf_config"] == {"cluster": cluster, "task": {"type": "worker", "index": i}}
+    assert recorded["argv"] == [f"--state_dir={state_dir}", "--config.train.steps=7",
+                                "--config.runtime.strategy=multi_worker_mirrored"]
+    # Child stdout -> stdout, child stderr -> stderr, every line prefixed.
+    assert f"[worker-{i}] task worker {i} of cluster {json.dumps(cluster)} ready\n" in result.stdout
+    assert f"[worker-{i}] worker-{i} also writes to stderr\n" in result.stderr
+  assert "also writes to stderr" not in result.stdout
+  assert all(line.startswith(("[worker-0] ", "[worker-1] ", "[launch] "))
+             for line in result.stderr.splitlines())
+  assert "[launch] the job exited with 0" in result.stderr
+  assert {name: len(pids) for name, pids in _starts(state_dir).items()} == {"worker-0": 1,
+                                                                            "worker-1": 1}
+
+
+def test_parameter_server_cluster_and_chief_success_stops_servers(state_dir):
+  result = _launch(state_dir, "--num_workers=2", "--num_ps=1",
+                   task_flags=["--config.runtime.strategy=parameter_server"])
+  assert result.returncode == 0, result.stderr
+
+  cluster = _recorded(state_dir, "chief-0")["tf_config"]["cluster"]
+  _assert_loopback_cluster(cluster, {"chief": 1, "worker": 2, "ps": 1})
+  for kind, index in (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)):
+    recorded = _recorded(state_dir, f"{kind}-{index}")
+    assert recorded["tf_config"] == {"cluster": cluster, "task": {"type": kind, "index": index}}
+    assert recorded["argv"] == [f"--state_dir={state_dir}",  # kept, not appended twice
+                                "--config.runtime.strategy=parameter_server"]
+    assert f"[{kind}-{index}] task {kind} {index} of cluster" in result.stdout
+  # The chief exited 0 by itself; the servers were stopped with SIGTERM.
+  assert sorted(_signals(state_dir)) == ["ps-0 SIGTERM", "worker-0 SIGTERM", "worker-1 SIGTERM"]
+
+
+def test_crashed_worker_restarts_the_group(state_dir):
+  result = _launch(state_dir, "--num_workers=2", task_flags=["--task=worker-1=crash_once"])
+  assert result.returncode == 0, result.stderr
+  assert ("[launch] worker-1 exited with -9 (SIGKILL); restarting the group (restart 1 of 3)"
+          in result.stderr)
+  starts = _starts(state_dir)
+  assert len(starts["worker-0"]) == 2 and len(starts["worker-1"]) == 2
+  clusters = re.findall(r"\[worker-0\] task worker 0 of cluster (.*) ready", result.stdout)
+  assert len(clusters) == 2
+  for cluster in clusters:
+    _assert_loopback_cluster(json.loads(cluster), {"worker": 2})
+
+
+def test_gives_up_after_max_restarts(state_dir):
+  result = _launch(state_dir, "--num_workers=2", "--max_restarts=1",
+                   task_flags=["--task=worker-1=crash"])
+  assert result.returncode == 1, result.stderr
+  assert "restarting the group (restart 1 of 1)" in result.stderr
+  assert ("[launch] worker-1 exited with -9 (SIGKILL); giving up after 1 restarts "
+          "(--max_restarts=1)" in result.stderr)
+  assert len(_starts(state_dir)["worker-1"]) == 2
+
+
+def test_exit_2_is_not_retried_and_stops_the_others(state_dir):
+  result = _launch(state_dir, "--num_workers=2",
+                   task_flags=["--then=until_signal", "--task=worker-1=exit:2"])
+  assert result.returncode == 2, result.stderr
+  assert "restart" not in result.stderr
+  assert {name: len(pids) for name, pids in _starts(state_dir).items()} == {"worker-0": 1,
+                                                                            "worker-1": 1}
+
+
+def test_sigterm_is_forwarded_to_the_workers_and_exit_42(state_dir):
+  process = _start(state_dir, "--num_workers=2", task_flags=["--then=until_signal"])
+  try:
+    _wait_ready(process, {"worker-0", "worker-1"})
+    process.send(signal.SIGTERM)
+    assert process.wait(timeout=20) == 42, process.output
+  finally:
+    process.kill()
+  assert sorted(_signals(state_dir)) == ["worker-0 SIGTERM", "worker-1 SIGTERM"]
+  assert "[worker-1] worker-1 stopping on SIGTERM" in process.output
+  assert "restarting" not in process.output
+
+
+def test_sigint_in_parameter_server_mode_goes_to_the_chief_only(state_dir):
+  process = _start(state_dir, "--num_workers=1", "--num_ps=1", task_flags=["--then=until_signal"])
+  try:
+    _wait_ready(process, {"chief-0", "worker-0", "ps-0"})
+    process.send(signal.SIGINT)
+    assert process.wait(timeout=20) == 42, process.output
+  finally:
+    process.kill()
+  # The chief first; the servers only once it has exited, and with SIGTERM.
+  received = _signals(state_dir)
+  assert received[0] == "chief-0 SIGINT"
+  assert sorted(received[1:]) == ["ps-0 SIGTERM", "worker-0 SIGTERM"]
+
+
+def test_dead_worker_server_restarts_alone_on_its_port(state_dir):
+  process = _start(state_dir, "--num_workers=2", "--num_ps=1",
+                   task_flags=["--then=until_go", "--task=worker-1=crash_once"])
+  try:
+    process.wait_for(r"\[launch\] worker-1 died \(exited with -9 \(SIGKILL\)\); "
+                     r"restarting it \(restart 1 of 3\)", timeout=20)
+    _wait_ready(process, {"worker-1"})
+    (state_dir / "go").touch()  # now the chief may finish
+    assert process.wait(timeout=20) == 0, process.output
+  finally:
+    process.kill()
+  starts = _starts(state_dir)
+  assert {name: len(pids) for name, pids in starts.items()} == {
+      "chief-0": 1, "worker-0": 1, "worker-1": 2, "ps-0": 1}
+  configs = re.findall(r"\[worker-1\] task worker 1 of cluster (.*) ready", process.output)
+  assert len(configs) == 2 and configs[0] == configs[1]  # same ports, same TF_CONFIG
+  assert "restarting the group" not in process.output
+
+
+def test_dead_ps_restarts_the_group(state_dir):
+  process = _start(state_dir, "--num_workers=1", "--num_ps=1",
+                   task_flags=["--then=until_go", "--task=ps-0=crash_once"])
+  try:
+    process.wait_for(r"\[launch\] ps-0 died \(exited with -9 \(SIGKILL\)\); "
+                     r"restarting the group \(restart 1 of 3\)", timeout=20)
+    _wait_ready(process, {"chief-0", "worker-0", "ps-0"})
+    (state_dir / "go").touch()
+    assert process.wait(timeout=20) == 0, process.output
+  finally:
+    process.kill()
+  assert {name: len(pids) for name, pids in _starts(state_dir).items()} == {
+      "chief-0": 2, "worker-0": 2, "ps-0": 2}
+
+
+def test_failed_chief_restarts_the_group(state_dir):
+  result = _launch(state_dir, "--num_workers=1", "--num_ps=1",
+                   task_flags=["--task=chief-0=crash_once"])
+  assert result.returncode == 0, result.stderr
+  assert "[launch] chief-0 exited with -9 (SIGKILL); restarting the group" in result.stderr
+  assert len(_starts(state_dir)["chief-0"]) == 2
+
+
+def test_children_die_with_a_killed_launcher(state_dir):
+  process = _start(state_dir, "--num_workers=2", task_flags=["--then=until_signal"])
+  try:
+    _wait_ready(process, {"worker-0", "worker-1"})
+  finally:
+    process.kill()  # SIGKILL: no chance to clean up; the kernel kills the children
+  # The state_dir fixture checks that both workers are gone.
+
+
+@pytest.mark.parametrize("launcher_flags, trainer_flags, message", [
+    (["--num_workers=2"], ["--config.runtime.strategy=parameter_server"],
+     "--num_ps=0 runs multi_worker_mirrored; the flags ask for parameter_server"),
+    (["--num_workers=2", "--num_ps=1"], ["--config.runtime.strategy", "mirrored"],
+     "--num_ps=1 runs parameter_server; the flags ask for mirrored"),
+])
+def test_conflicting_strategy_flag_exits_2(state_dir, launcher_flags, trainer_flags, message):
+  result = _launch(state_dir, *launcher_flags, task_flags=trainer_flags)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [f"distloop.launch: error: {message}"]
+  assert not _starts(state_dir)
+
+
+@pytest.mark.parametrize("launcher_flags", [
+    [], ["--num_workers=0"], ["--num_workers=2", "--num_ps=-1"],
+    ["--num_workers=2", "--max_restarts=-1"], ["--num_workers=2", "--no_such_flag=1"],
+    ["--num_workers=two"], ["--num_workers=2", "stray"],
+])
+def test_bad_launcher_flag_exits_2_with_one_line(state_dir, launcher_flags):
+  result = _launch(state_dir, *launcher_flags)
+  assert result.returncode == 2
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("distloop.launch: error: "), result.stderr
+  assert not _starts(state_dir)
