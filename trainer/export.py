@@ -23,7 +23,8 @@ class _Serving(tf.Module):
 
   @tf.function(input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="images")])
   def serve(self, images):
-    return {"probabilities": tf.nn.softmax(self.model(images, training=False), axis=-1)}
+    logits = tf.cast(self.model(images, training=False), tf.float32)  # mixed precision: 16-bit
+    return {"probabilities": tf.nn.softmax(logits, axis=-1)}
 
 
 def export_dir(model_dir: str, step: int) -> str:

@@ -22,6 +22,7 @@ from trainer import checkpoints
 from trainer.agreement import Agreement
 from trainer import export
 from trainer import logs
+from trainer import loss_scale
 from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
@@ -109,6 +110,8 @@ class Trainer:
       self.model = models.build(config.model)
       self.optimizer = optimizers.create(config.train)
       self.optimizer.build(self.model.trainable_variables)
+      self.loss_scale = (loss_scale.DynamicLossScale()
+                         if config.runtime.mixed_precision == "float16" else None)
       self._train_metrics = steps.MetricSums("train")
     # Eval runs under the strategy, except with a coordinator: there it runs right here.
     with contextlib.nullcontext() if self.coordinator else strategy.scope():
@@ -127,12 +130,14 @@ class Trainer:
       self._train_loop = steps.make_parameter_server_train_loop(
           self.coordinator, self.model, self.optimizer, self._train_metrics,
           global_batch_size=config.train.global_batch_size,
-          num_workers=runtime.num_workers(strategy))
+          num_workers=runtime.num_workers(strategy), loss_scale=self.loss_scale,
+          jit_compile=config.runtime.jit_compile)
     else:
       self._train_loop = steps.make_train_loop(
           strategy, self.model, self.optimizer, self._train_metrics,
           global_batch_size=config.train.global_batch_size,
-          communication_options=runtime.communication_options(config.runtime))
+          communication_options=runtime.communication_options(config.runtime),
+          loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile)
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._rollbacks = 0
     self._eval_seconds = 0.0
@@ -255,7 +260,7 @@ class Trainer:
   def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
     """Host copies of the state to save: model tree, optimizer tree, meta."""
     model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
-    optimizer_tree = checkpoints.variables_tree(checkpoints.optimizer_variables(self.optimizer))
+    optimizer_tree = checkpoints.variables_tree(self._optimizer_state())
     bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
     if bad:
       raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
@@ -295,7 +300,7 @@ class Trainer:
   def _restore_step(self, step: int) -> Position | None:
     """The position of `step` once loaded; None if it is unreadable (then set aside)."""
     model_variables = checkpoints.model_variables(self.model)
-    optimizer_variables = checkpoints.optimizer_variables(self.optimizer)
+    optimizer_variables = self._optimizer_state()
     error = moved = None
     with logs.stderr_captured() as library_output:
       try:
@@ -315,6 +320,13 @@ class Trainer:
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     return Position(step, int(meta["examples_consumed"]))
+
+  def _optimizer_state(self) -> dict:
+    """Checkpoint keys -> variables of the optimizer, and of the loss scale if any."""
+    state = checkpoints.optimizer_variables(self.optimizer)
+    if self.loss_scale is not None:
+      state.update(self.loss_scale.variables())
+    return state
 
   def warm_start(self) -> Position:
     """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir."""

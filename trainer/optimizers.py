@@ -34,15 +34,36 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
 
 def apply_reduced_gradients(strategy: tf.distribute.Strategy,
                             optimizer: keras.optimizers.Optimizer,
-                            reduced_grads, variables) -> None:
+                            reduced_grads, variables, loss_scale=None, finite=None) -> None:
   """One optimizer step from gradients already summed over replicas.
 
   Runs in cross-replica context (inside `ReplicaContext.merge_call`), so no
   replica context exists for Keras to all-reduce in; `extended.update` applies
-  the update to every copy of each mirrored variable.
+  the update to every copy of each mirrored variable. With a `loss_scale`
+  (float16) the gradients arrive unscaled with their `finite` verdict: a step
+  whose reduced gradients overflowed is skipped -- on every replica alike,
+  since they all saw the same reduced gradients -- and the scale shrinks.
   """
+  if loss_scale is None:
+    _update(strategy, optimizer, reduced_grads, variables)
+    return
+  finite = strategy.experimental_local_results(finite)[0]  # equal on every replica
+
+  def apply():
+    _update(strategy, optimizer, reduced_grads, variables)
+    loss_scale.after_finite_step()
+    return tf.constant(True)
+
+  def skip():
+    loss_scale.after_non_finite_step()
+    return tf.constant(False)
+
+  tf.cond(finite, apply, skip)
+
+
+def _update(strategy, optimizer, grads, variables) -> None:
   learning_rate = optimizer.learning_rate
-  for grad, variable in zip(reduced_grads, variables):
+  for grad, variable in zip(grads, variables):
     strategy.extended.update(
         variable.value,  # the tf.Variable (a MirroredVariable under a strategy)
         lambda var, g, lr: optimizer.update_step(g, var, lr),

@@ -13,14 +13,20 @@ import tensorflow as tf
 from trainer.errors import UserError
 
 
+_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
+
 def configure(runtime_config: ml_collections.ConfigDict) -> None:
-  """Declares logical CPU devices and turns on determinism (before the runtime starts)."""
+  """Declares logical CPU devices, determinism and the precision policy (before the
+  runtime starts and before any model is built)."""
   if runtime_config.num_cpu_devices > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * runtime_config.num_cpu_devices)
   if runtime_config.deterministic:
     tf.config.experimental.enable_op_determinism()
+  # Compute in 16 bits, keep float32 variables (Keras mixed precision policies).
+  keras.mixed_precision.set_global_policy(_POLICIES[runtime_config.mixed_precision])
 
 
 def seed(runtime_config: ml_collections.ConfigDict) -> None:

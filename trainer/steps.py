@@ -53,28 +53,46 @@ class MetricSums:
     }
 
 
+def _logits(model, images, training: bool):
+  """float32 logits whatever the compute dtype (mixed precision computes in 16 bits)."""
+  return tf.cast(model(images, training=training), tf.float32)
+
+
 def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_size: int,
-                       communication_options):
-  """One optimizer step on this replica's share of a global batch."""
+                       communication_options, loss_scale=None, jit_compile: bool = False):
+  """One optimizer step on this replica's share of a global batch.
+
+  With `jit_compile`, XLA compiles the forward and backward pass; the
+  all-reduce and the update stay outside it (XLA cannot compile a merge_call).
+  """
   variables = model.trainable_variables
 
-  def replica_step(batch):
-    images, labels = batch
+  @tf.function(jit_compile=jit_compile, autograph=False)
+  def gradients(images, labels):
     with tf.GradientTape() as tape:
-      logits = model(images, training=True)
+      logits = _logits(model, images, training=True)
       per_example_loss = _cross_entropy(labels, logits)
       loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-    grads = tape.gradient(loss, variables)
+      if loss_scale is not None:  # float16: keep small gradients from underflowing
+        loss = loss_scale.scale_loss(loss)
+    return tape.gradient(loss, variables), per_example_loss, logits
+
+  def replica_step(batch):
+    images, labels = batch
+    grads, per_example_loss, logits = gradients(images, labels)
     context = tf.distribute.get_replica_context()
     # The one and only gradient reduction (see trainer/optimizers.py for why).
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads,
                                  options=communication_options)
+    finite = None
+    if loss_scale is not None:  # the same reduced gradients, so the same verdict, everywhere
+      reduced, finite = loss_scale.unscale(reduced)
     context.merge_call(
-        lambda strategy_, grads_: optimizers.apply_reduced_gradients(
-            strategy_, optimizer, grads_, variables),
-        args=(reduced,))
+        lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
+            strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_),
+        args=(reduced, finite))
     metrics.update(per_example_loss, logits, labels)
 
   return replica_step
@@ -85,10 +103,12 @@ def _all_finite(variables):
 
 
 def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
-                    global_batch_size: int, communication_options):
+                    global_batch_size: int, communication_options, loss_scale=None,
+                    jit_compile: bool = False):
   """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
-                                    communication_options=communication_options)
+                                    communication_options=communication_options,
+                                    loss_scale=loss_scale, jit_compile=jit_compile)
 
   @tf.function
   def train_loop(iterator, num_steps):
@@ -102,7 +122,8 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 
 
 def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: MetricSums, *,
-                                     global_batch_size: int, num_workers: int):
+                                     global_batch_size: int, num_workers: int, loss_scale=None,
+                                     jit_compile: bool = False):
   """The same `train_loop(per_worker_iterator, num_steps) -> weights_finite`, asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
@@ -112,7 +133,8 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: Met
   """
   strategy = coordinator.strategy
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
-                                    communication_options=None)
+                                    communication_options=None, loss_scale=loss_scale,
+                                    jit_compile=jit_compile)
 
   @tf.function
   def worker_steps(iterator, num_steps):
@@ -142,7 +164,7 @@ def make_eval_pass(strategy, model, metrics: MetricSums, dataset):
 
   def replica_step(batch):
     images, labels = batch
-    logits = model(images, training=False)
+    logits = _logits(model, images, training=False)
     metrics.update(_cross_entropy(labels, logits), logits, labels)
 
   @tf.function

@@ -18,6 +18,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
 ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
 NONFINITE_POLICIES = ("stop", "rollback")
+PRECISIONS = ("float32", "bfloat16", "float16")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -56,6 +57,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "runtime.all_reduce_bytes_per_pack")
   _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
   _in_range(config, "runtime.slurm_port_base", 1, 65535)
+  _one_of(config, "runtime.mixed_precision", PRECISIONS)
+  _boolean(config, "runtime.jit_compile")
 
 
 def _get(config, field):
@@ -92,6 +95,12 @@ def _in_range(config, field, low, high, high_inclusive=True):
   if value < low or above:
     bracket = "]" if high_inclusive else ")"
     raise UserError(f"{field}={value!r} must be in [{low}, {high}{bracket}")
+
+
+def _boolean(config, field):
+  value = _get(config, field)
+  if not isinstance(value, bool):
+    raise UserError(f"{field}={value!r} must be true or false")
 
 
 def _one_of(config, field, choices):
