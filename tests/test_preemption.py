@@ -16,12 +16,10 @@ _FLAGS = ["--config=synthetic", "--config.train.steps=120", "--config.train.glob
           "--config.data.num_train_examples=1000", "--config.runtime.deterministic=true",
           "--config.runtime.strategy=mirrored"]
 
-_CASES = {
+_CASES = {  # (model, replicas, signals sent)
     "sigterm-1-replica": ("mnist_cnn", 1, [signal.SIGTERM]),
-    "sigterm-2-replicas": ("mnist_cnn", 2, [signal.SIGTERM]),
-    "sigint": ("mnist_cnn", 1, [signal.SIGINT]),
-    "sigterm-twice": ("mnist_cnn", 2, [signal.SIGTERM, signal.SIGTERM]),
-    "dropout-rng-state": ("mlp", 1, [signal.SIGTERM]),
+    "sigterm-twice-2-replicas": ("mnist_cnn", 2, [signal.SIGTERM, signal.SIGTERM]),
+    "sigint-dropout-rng-state": ("mlp", 1, [signal.SIGINT]),
 }
 
 

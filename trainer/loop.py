@@ -289,7 +289,7 @@ class Trainer:
     and the one before it is tried; a step of another model is refused (exit 2).
     """
     for step in reversed(self.checkpoints.all_steps()):
-      position = self._restore_step(step)
+      position = self.restore(step)
       # Every worker lists the same shared directory; all of them must have read
       # this step, or all go on to the one before it.
       if self.agreement.all(position is not None):
@@ -297,7 +297,7 @@ class Trainer:
         return position
     return None
 
-  def _restore_step(self, step: int) -> Position | None:
+  def restore(self, step: int) -> Position | None:
     """The position of `step` once loaded; None if it is unreadable (then set aside)."""
     model_variables = checkpoints.model_variables(self.model)
     optimizer_variables = self._optimizer_state()
