@@ -30,6 +30,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only
+  config.train.lr_schedule = "constant"  # constant | cosine (warmup, then decay to 0 at train.steps) | step
+  config.train.warmup_steps = 0        # cosine: linear warmup from 0 over this many steps
+  config.train.lr_decay_steps = 1000   # step: multiply the rate by lr_decay_rate every this many steps
+  config.train.lr_decay_rate = 0.1    # step: the factor
+  config.train.clip_grad_norm = 0.0    # clip the reduced gradient to this global norm; 0 = off
   config.train.nonfinite_policy = "stop"  # NaN/Inf loss or weights: stop (exit 1) | rollback
   config.train.max_rollbacks = 3       # rollback: times to restore the last good checkpoint and skip ahead
 
@@ -52,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.deterministic = False # bit-reproducible kernels (tf.config.experimental.enable_op_determinism)
   config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
   config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
+  config.runtime.profile_steps = ""   # "START,END": a tf.profiler trace of those steps into tensorboard/
   config.runtime.jit_compile = False  # XLA for the forward/backward pass (slower for this CNN on CPU: measured)
   config.runtime.mixed_precision = "float32"  # float32 | bfloat16 | float16 (with dynamic loss scaling)
   config.runtime.slurm_port_base = 8888  # Slurm clusters: the first gRPC port on every node

@@ -77,7 +77,7 @@ def _run(config, model_dir: str, mode: str) -> int:
   try:
     if training:
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
-      logging.info("Done: %s", json.dumps(summary))
+      _log_summary(summary, model_dir)
       return EXIT_OK
     position = trainer.restore_latest()
     if position is None:
@@ -90,6 +90,21 @@ def _run(config, model_dir: str, mode: str) -> int:
     return EXIT_OK
   finally:
     trainer.close()
+
+
+def _log_summary(summary: dict, model_dir: str) -> None:
+  """The final block: what a user reads first when the job ends."""
+  logging.info(
+      "Done at step %d (%s, %d replica(s)):\n"
+      "  eval      accuracy %.4f | loss %.4f | %d examples\n"
+      "  train     loss %.4f | accuracy %.4f | %.0f examples/s (steady state)\n"
+      "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
+      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)",
+      summary["step"], summary["strategy"], summary["num_replicas"], summary["eval_accuracy"],
+      summary["eval_loss"], summary["eval_examples"], summary["train_loss"] or float("nan"),
+      summary["train_accuracy"] or float("nan"), summary["examples_per_sec"],
+      summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
+      summary["checkpoint_time_sec"], os.path.abspath(model_dir))
 
 
 def _is_parameter_server_task(config) -> bool:

@@ -27,6 +27,7 @@ from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
 from trainer import preemption
+from trainer import profiling
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
@@ -126,18 +127,21 @@ class Trainer:
         best_metric="accuracy", async_save=config.checkpoint.async_save,
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
+    self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
+                                            enabled=self.is_chief)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
           self.coordinator, self.model, self.optimizer, self._train_metrics,
           global_batch_size=config.train.global_batch_size,
           num_workers=runtime.num_workers(strategy), loss_scale=self.loss_scale,
-          jit_compile=config.runtime.jit_compile)
+          jit_compile=config.runtime.jit_compile, clip_norm=config.train.clip_grad_norm)
     else:
       self._train_loop = steps.make_train_loop(
           strategy, self.model, self.optimizer, self._train_metrics,
           global_batch_size=config.train.global_batch_size,
           communication_options=runtime.communication_options(config.runtime),
-          loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile)
+          loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile,
+          clip_norm=config.train.clip_grad_norm)
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._rollbacks = 0
     self._eval_seconds = 0.0
@@ -154,6 +158,9 @@ class Trainer:
     position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
     if self.is_chief:
       outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
+    self.summaries.describe_run(position.step, config.to_dict())
+    if position.step == 0:
+      self.summaries.sample_images(0, self._sample_images())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
     logging.info("Training %s on %s with %d replica(s) (%s) from step %d to %d.",
@@ -163,15 +170,21 @@ class Trainer:
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None
     watcher = preemption.PreemptionWatcher(self.agreement)
-    with watcher:
+    record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
+    with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
       while position.step < total:
+        self.profiler.at_boundary(position.step)
         num_steps = min(config.train.steps_per_loop, total - position.step,
                         checkpoint_due.next_due(position.step) - position.step,
-                        eval_due.next_due(position.step) - position.step)
+                        eval_due.next_due(position.step) - position.step,
+                        (self.profiler.next_boundary(position.step) or total) - position.step)
         self._train_metrics.reset()
         loop_start = time.perf_counter()
-        weights_finite = self._train_loop(batches, tf.constant(num_steps))
+        with (self.summaries.graph_of_first_call(position.step) if record_graph
+              else contextlib.nullcontext()):
+          weights_finite = self._train_loop(batches, tf.constant(num_steps))
+        record_graph = False
         train_metrics = self._train_metrics.result()  # host sync: waits for the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
@@ -271,14 +284,23 @@ class Trainer:
 
   def _report_progress(self, step, metrics, num_steps, loop_seconds) -> None:
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
+    learning_rate = float(self.optimizer.learning_rate.numpy())  # the rate of the next step
     self.summaries.scalars("train", step, {
         "loss": metrics["loss"], "accuracy": metrics["accuracy"],
-        "learning_rate": float(self.optimizer.learning_rate.numpy()),
-        "examples_per_sec": examples_per_sec})
-    logging.info("step %d/%d | loss %.4f | accuracy %.4f | %.0f examples/s | ETA %s",
+        "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
+        "steps_per_sec": num_steps / loop_seconds,
+        **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
+    logging.info("step %d/%d | loss %.4f | accuracy %.4f | lr %.3g | %.0f examples/s | ETA %s",
                  step, self.config.train.steps, metrics["loss"], metrics["accuracy"],
-                 examples_per_sec,
+                 learning_rate, examples_per_sec,
                  _eta(self.config.train.steps - step, loop_seconds / num_steps))
+
+  def _sample_images(self):
+    """The first few training inputs of the run, as the model sees them."""
+    dataset = batching.train_dataset(self.splits, seed=self.config.runtime.seed,
+                                     global_batch_size=8, start_example=0)
+    images, _ = next(iter(dataset))
+    return images.numpy()
 
   # -- state in and out ---------------------------------------------------------
 

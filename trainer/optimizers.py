@@ -16,8 +16,30 @@ import ml_collections
 import tensorflow as tf
 
 
-def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimizer:
+def learning_rate(train_config: ml_collections.ConfigDict):
+  """train.learning_rate, or a schedule of the optimizer's step count (train.lr_schedule).
+
+  The step count is checkpointed with the optimizer, so a resumed run continues
+  the schedule where it was.
+  """
   lr = train_config.learning_rate
+  schedule = train_config.lr_schedule
+  if schedule == "constant":
+    return lr
+  if schedule == "cosine":  # linear warmup from 0, then cosine decay to 0 at train.steps
+    warmup = train_config.warmup_steps
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else lr, decay_steps=train_config.steps - warmup,
+        warmup_target=lr if warmup else None, warmup_steps=warmup)
+  if schedule == "step":  # times lr_decay_rate every lr_decay_steps steps
+    return keras.optimizers.schedules.ExponentialDecay(
+        lr, decay_steps=train_config.lr_decay_steps, decay_rate=train_config.lr_decay_rate,
+        staircase=True)
+  raise ValueError(f"unknown lr_schedule {schedule!r}")  # validation.py refuses it earlier
+
+
+def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimizer:
+  lr = learning_rate(train_config)
   name = train_config.optimizer
   if name == "sgd":
     return keras.optimizers.SGD(lr)

@@ -31,6 +31,8 @@ class MetricSums:
     self._loss_sum = zero("loss_sum")
     self._correct = zero("correct")
     self._count = zero("count")
+    self._grad_norm_sum = zero("grad_norm_sum")  # training only: the reduced gradient's norm
+    self._grad_norm_count = zero("grad_norm_count")
 
   def update(self, per_example_loss, logits, labels):
     """Replica context: add one batch."""
@@ -39,18 +41,30 @@ class MetricSums:
     self._correct.assign_add(tf.reduce_sum(tf.cast(predictions == labels, tf.float64)))
     self._count.assign_add(tf.cast(tf.size(labels), tf.float64))
 
+  def update_gradient_norm(self, norm):
+    """Replica context: add one step's global norm (every replica adds the same, finite one)."""
+    finite = tf.math.is_finite(norm)
+    zero = tf.constant(0.0, tf.float64)
+    self._grad_norm_sum.assign_add(tf.where(finite, tf.cast(norm, tf.float64), zero))
+    self._grad_norm_count.assign_add(tf.where(finite, tf.constant(1.0, tf.float64), zero))
+
   def reset(self):
-    for v in (self._loss_sum, self._correct, self._count):
+    for v in (self._loss_sum, self._correct, self._count, self._grad_norm_sum,
+              self._grad_norm_count):
       v.assign(tf.zeros_like(v))
 
   def result(self) -> dict:
     """Host sync: reads the sums across all replicas."""
     count = float(self._count.numpy())
-    return {
+    result = {
         "loss": float(self._loss_sum.numpy()) / max(count, 1.0),
         "accuracy": float(self._correct.numpy()) / max(count, 1.0),
         "examples": int(round(count)),
     }
+    norm_count = float(self._grad_norm_count.numpy())
+    if norm_count:
+      result["grad_norm"] = float(self._grad_norm_sum.numpy()) / norm_count
+    return result
 
 
 def _logits(model, images, training: bool):
@@ -59,11 +73,14 @@ def _logits(model, images, training: bool):
 
 
 def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_size: int,
-                       communication_options, loss_scale=None, jit_compile: bool = False):
+                       communication_options, loss_scale=None, jit_compile: bool = False,
+                       clip_norm: float = 0.0):
   """One optimizer step on this replica's share of a global batch.
 
   With `jit_compile`, XLA compiles the forward and backward pass; the
   all-reduce and the update stay outside it (XLA cannot compile a merge_call).
+  Clipping by global norm happens after the reduction, on the gradient of the
+  global batch, identically on every replica.
   """
   variables = model.trainable_variables
 
@@ -89,6 +106,11 @@ def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_si
     finite = None
     if loss_scale is not None:  # the same reduced gradients, so the same verdict, everywhere
       reduced, finite = loss_scale.unscale(reduced)
+    if clip_norm > 0:
+      reduced, norm = tf.clip_by_global_norm(reduced, clip_norm)  # norm: before clipping
+    else:
+      norm = tf.linalg.global_norm(reduced)
+    metrics.update_gradient_norm(norm)
     context.merge_call(
         lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
             strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_),
@@ -104,11 +126,12 @@ def _all_finite(variables):
 
 def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
                     global_batch_size: int, communication_options, loss_scale=None,
-                    jit_compile: bool = False):
+                    jit_compile: bool = False, clip_norm: float = 0.0):
   """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
                                     communication_options=communication_options,
-                                    loss_scale=loss_scale, jit_compile=jit_compile)
+                                    loss_scale=loss_scale, jit_compile=jit_compile,
+                                    clip_norm=clip_norm)
 
   @tf.function
   def train_loop(iterator, num_steps):
@@ -123,7 +146,7 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 
 def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: MetricSums, *,
                                      global_batch_size: int, num_workers: int, loss_scale=None,
-                                     jit_compile: bool = False):
+                                     jit_compile: bool = False, clip_norm: float = 0.0):
   """The same `train_loop(per_worker_iterator, num_steps) -> weights_finite`, asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
@@ -134,7 +157,7 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: Met
   strategy = coordinator.strategy
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
                                     communication_options=None, loss_scale=loss_scale,
-                                    jit_compile=jit_compile)
+                                    jit_compile=jit_compile, clip_norm=clip_norm)
 
   @tf.function
   def worker_steps(iterator, num_steps):

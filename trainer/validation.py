@@ -18,6 +18,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
 ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
 NONFINITE_POLICIES = ("stop", "rollback")
+LR_SCHEDULES = ("constant", "cosine", "step")
 PRECISIONS = ("float32", "bfloat16", "float16")
 
 
@@ -37,6 +38,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "train.optimizer", OPTIMIZERS)
   _non_negative(config, "train.learning_rate")
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
+  _one_of(config, "train.lr_schedule", LR_SCHEDULES)
+  _non_negative(config, "train.warmup_steps")
+  if config.train.lr_schedule == "cosine" and config.train.warmup_steps >= config.train.steps:
+    raise UserError(f"train.warmup_steps={config.train.warmup_steps} must be below "
+                    f"train.steps={config.train.steps}")
+  _positive(config, "train.lr_decay_steps")
+  _in_range(config, "train.lr_decay_rate", 0.0, 1.0)
+  _non_negative(config, "train.clip_grad_norm")
 
   _one_of(config, "train.nonfinite_policy", NONFINITE_POLICIES)
   _non_negative(config, "train.max_rollbacks")
@@ -58,6 +67,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
   _in_range(config, "runtime.slurm_port_base", 1, 65535)
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
+  _profile_window(config.runtime.profile_steps)
   _boolean(config, "runtime.jit_compile")
 
 
@@ -95,6 +105,15 @@ def _in_range(config, field, low, high, high_inclusive=True):
   if value < low or above:
     bracket = "]" if high_inclusive else ")"
     raise UserError(f"{field}={value!r} must be in [{low}, {high}{bracket}")
+
+
+def _profile_window(spec: str) -> None:
+  if not spec:
+    return
+  parts = spec.split(",")
+  if (len(parts) != 2 or not all(p.strip().isdigit() for p in parts)
+      or int(parts[0]) >= int(parts[1])):
+    raise UserError(f"runtime.profile_steps={spec!r} must be 'START,END' with 0 <= START < END")
 
 
 def _boolean(config, field):

@@ -1,0 +1,40 @@
+"""runtime.profile_steps=START,END: a tf.profiler trace of steps START+1..END.
+
+The trace goes to model_dir/tensorboard/plugins/profile/<run>/, where
+TensorBoard's profile plugin (`pip install tensorboard-plugin-profile`) shows it.
+Like every periodic action it works at loop boundaries: the loop asks for the
+next boundary so that the window starts and ends exactly at START and END.
+"""
+import tensorflow as tf
+
+
+class ProfileWindow:
+
+  def __init__(self, spec: str, logdir: str, *, enabled: bool):
+    self._logdir = logdir
+    self._window = tuple(int(part) for part in spec.split(",")) if spec and enabled else None
+    self._active = False
+
+  def next_boundary(self, step: int) -> int | None:
+    """The first window edge after `step`, or None."""
+    if self._window is None:
+      return None
+    edges = [edge for edge in self._window if edge > step]
+    return min(edges) if edges else None
+
+  def at_boundary(self, step: int) -> None:
+    """Starts the trace when `step` enters the window, stops it when it leaves."""
+    if self._window is None:
+      return
+    start, end = self._window
+    if not self._active and start <= step < end:
+      tf.profiler.experimental.start(self._logdir)
+      self._active = True
+    elif self._active and step >= end:
+      self.close()
+
+  def close(self) -> None:
+    """Stops a trace still running (the run ended or failed inside the window)."""
+    if self._active:
+      tf.profiler.experimental.stop()
+      self._active = False
