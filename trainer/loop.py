@@ -179,13 +179,12 @@ class Trainer:
                         checkpoint_due.next_due(position.step) - position.step,
                         eval_due.next_due(position.step) - position.step,
                         (self.profiler.next_boundary(position.step) or total) - position.step)
-        self._train_metrics.reset()
         loop_start = time.perf_counter()
         with (self.summaries.graph_of_first_call(position.step) if record_graph
               else contextlib.nullcontext()):
-          weights_finite = self._train_loop(batches, tf.constant(num_steps))
+          weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
         record_graph = False
-        train_metrics = self._train_metrics.result()  # host sync: waits for the n steps
+        train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
         if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):

@@ -20,7 +20,8 @@ class MetricSums:
 
   ON_READ/SUM variables: each replica adds to its own copy with no
   communication; reading one (at a loop boundary, a host sync) sums the copies.
-  Create inside `strategy.scope()`.
+  `totals()` reads all five at once, so the compiled train loop can return them
+  and the loop boundary pays a single host sync. Create inside `strategy.scope()`.
   """
 
   def __init__(self, name: str):
@@ -33,6 +34,8 @@ class MetricSums:
     self._count = zero("count")
     self._grad_norm_sum = zero("grad_norm_sum")  # training only: the reduced gradient's norm
     self._grad_norm_count = zero("grad_norm_count")
+    self._sums = (self._loss_sum, self._correct, self._count, self._grad_norm_sum,
+                  self._grad_norm_count)
 
   def update(self, per_example_loss, logits, labels):
     """Replica context: add one batch."""
@@ -49,21 +52,25 @@ class MetricSums:
     self._grad_norm_count.assign_add(tf.where(finite, tf.constant(1.0, tf.float64), zero))
 
   def reset(self):
-    for v in (self._loss_sum, self._correct, self._count, self._grad_norm_sum,
-              self._grad_norm_count):
+    """Cross-replica context (eager or compiled): every replica's copy to zero."""
+    for v in self._sums:
       v.assign(tf.zeros_like(v))
 
-  def result(self) -> dict:
-    """Host sync: reads the sums across all replicas."""
-    count = float(self._count.numpy())
+  def totals(self):
+    """Cross-replica context: the sums over all replicas, one float64 vector."""
+    return tf.stack([v.read_value() for v in self._sums])
+
+  def result(self, totals=None) -> dict:
+    """Host sync: the metrics from `totals` (as returned by a compiled loop), or read now."""
+    loss_sum, correct, count, norm_sum, norm_count = (
+        self.totals() if totals is None else totals).numpy().tolist()
     result = {
-        "loss": float(self._loss_sum.numpy()) / max(count, 1.0),
-        "accuracy": float(self._correct.numpy()) / max(count, 1.0),
+        "loss": loss_sum / max(count, 1.0),
+        "accuracy": correct / max(count, 1.0),
         "examples": int(round(count)),
     }
-    norm_count = float(self._grad_norm_count.numpy())
     if norm_count:
-      result["grad_norm"] = float(self._grad_norm_sum.numpy()) / norm_count
+      result["grad_norm"] = norm_sum / norm_count
     return result
 
 
@@ -127,7 +134,8 @@ def _all_finite(variables):
 def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
                     global_batch_size: int, communication_options, loss_scale=None,
                     jit_compile: bool = False, clip_norm: float = 0.0):
-  """Returns `train_loop(iterator, num_steps) -> weights_finite`: steps in one tf.function."""
+  """Returns `train_loop(iterator, num_steps) -> (weights_finite, metric totals)`: the
+  metrics reset, `num_steps` steps and the metrics read, in one tf.function call."""
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
                                     communication_options=communication_options,
                                     loss_scale=loss_scale, jit_compile=jit_compile,
@@ -135,11 +143,12 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 
   @tf.function
   def train_loop(iterator, num_steps):
-    """Runs `num_steps` steps; returns whether every weight is still finite (on device,
-    so the loop boundary learns it in the same host sync as the metrics)."""
+    """Runs `num_steps` steps; returns whether every weight is still finite and the
+    metric totals (on device, so the loop boundary reads both in one host sync)."""
+    metrics.reset()
     for _ in tf.range(num_steps):
       strategy.run(replica_step, args=(next(iterator),))
-    return _all_finite(model.trainable_variables)
+    return _all_finite(model.trainable_variables), metrics.totals()
 
   return train_loop
 
@@ -147,7 +156,8 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: MetricSums, *,
                                      global_batch_size: int, num_workers: int, loss_scale=None,
                                      jit_compile: bool = False, clip_norm: float = 0.0):
-  """The same `train_loop(per_worker_iterator, num_steps) -> weights_finite`, asynchronous.
+  """The same `train_loop(per_worker_iterator, num_steps) -> (weights_finite, totals)`,
+  asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
   free worker runs one, reading and updating the variables on the parameter
@@ -169,13 +179,14 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: Met
     return _all_finite(model.trainable_variables)
 
   def train_loop(per_worker_iterator, num_steps):
+    metrics.reset()  # the variables live on the parameter servers
     num_steps = int(num_steps)
     pieces = min(num_steps, 2 * num_workers)  # enough to keep every worker busy
     for i in range(pieces):
       chunk = num_steps // pieces + (1 if i < num_steps % pieces else 0)
       coordinator.schedule(worker_steps, args=(per_worker_iterator, tf.constant(chunk)))
     coordinator.join()  # host sync: every scheduled step has run
-    return weights_finite()
+    return weights_finite(), metrics.totals()
 
   return train_loop
 
