@@ -22,8 +22,10 @@ def _scalars(event_dir):
   accumulator = event_accumulator.EventAccumulator(
       str(event_dir), size_guidance={event_accumulator.TENSORS: 0})
   accumulator.Reload()
+  scalar_tags = [tag for tag in accumulator.Tags()["tensors"]
+                 if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"]
   return {tag: [float(tensor_util.make_ndarray(e.tensor_proto)) for e in accumulator.Tensors(tag)]
-          for tag in accumulator.Tags()["tensors"]}
+          for tag in scalar_tags}
 
 
 def test_default_config_learns(default_run):
