@@ -41,6 +41,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end
   config.eval.global_batch_size = 500  # examples per eval step; the last partial batch is evaluated too
+  config.eval.poll_seconds = 5.0       # continuous_eval: how often to look for new checkpoints
+  config.eval.timeout_seconds = 3600.0 # continuous_eval: exit 1 if no new checkpoint for this long; 0 = wait forever
 
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved

@@ -16,6 +16,7 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
 from trainer import validation
@@ -30,6 +31,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
                                  required=True)
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
+_CHECKPOINT_STEP = flags.DEFINE_integer(
+    "checkpoint_step", None, "--mode=eval: evaluate this checkpoint step instead of the latest",
+    lower_bound=0)
 
 
 def main(argv):
@@ -37,22 +41,22 @@ def main(argv):
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
   try:
-    return _run(_load_config(), _MODEL_DIR.value, _MODE.value)
+    return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     _fail(EXIT_BAD_INPUT, e)
-  except NonFiniteError as e:
+  except (NonFiniteError, continuous_eval.Unfinished) as e:
     _fail(EXIT_FAILURE, e)
   except Preempted as e:
     logging.warning("%s", e)
     sys.exit(EXIT_PREEMPTED)
 
 
-def _run(config, model_dir: str, mode: str) -> int:
+def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
   validation.check_config(config)
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise UserError(f"--model_dir={model_dir} exists and is not a directory")
-  if mode == "continuous_eval":
-    raise UserError("--mode=continuous_eval is not yet supported")
+  if checkpoint_step is not None and mode != "eval":
+    raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
     return _serve()
   if mode in ("train", "train_and_eval"):
@@ -79,7 +83,13 @@ def _run(config, model_dir: str, mode: str) -> int:
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
       _log_summary(summary, model_dir)
       return EXIT_OK
-    position = trainer.restore_latest()
+    if mode == "continuous_eval":
+      continuous_eval.ContinuousEval(
+          trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
+          timeout_seconds=config.eval.timeout_seconds).run()
+      return EXIT_OK
+    position = (trainer.restore_latest() if checkpoint_step is None
+                else _restore_step(trainer, checkpoint_step))
     if position is None:
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
     if mode == "eval":
@@ -90,6 +100,21 @@ def _run(config, model_dir: str, mode: str) -> int:
     return EXIT_OK
   finally:
     trainer.close()
+
+
+def _restore_step(trainer, step: int):
+  """--checkpoint_step=N: the position of step N once loaded; exit 2 naming the steps
+  there are if N is not one of them."""
+  available = trainer.checkpoints.all_steps()
+  if step not in available:
+    raise UserError(f"--checkpoint_step={step}: no such checkpoint in "
+                    f"{trainer.checkpoints.directory} (available steps: "
+                    f"{', '.join(map(str, available)) or 'none'})")
+  position = trainer.restore(step)
+  if position is None:
+    raise UserError(f"--checkpoint_step={step}: "
+                    f"{os.path.join(trainer.checkpoints.directory, str(step))} cannot be read")
+  return position
 
 
 def _log_summary(summary: dict, model_dir: str) -> None:

@@ -132,6 +132,11 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
+  def reload(self) -> None:
+    """Re-reads the committed steps from disk: orbax caches its list, so a reader of
+    a live job's checkpoints (continuous_eval) calls this to see new and deleted steps."""
+    self._manager.reload()
+
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
            metrics: dict | None = None) -> float:
     """Starts saving `step`; returns the seconds training was blocked."""

@@ -52,6 +52,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   _non_negative(config, "eval.interval")
   _positive(config, "eval.global_batch_size")
+  _positive(config, "eval.poll_seconds")
+  _non_negative(config, "eval.timeout_seconds")
 
   _positive(config, "checkpoint.interval")
   _positive(config, "checkpoint.max_to_keep")
