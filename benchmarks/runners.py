@@ -1,72 +1,63 @@
-"""One throughput measurement in this (fresh) process; prints one JSON line.
+"""What benchmarks/throughput.py compares distloop with, one measurement per process.
 
-`python -m benchmarks.runners --runner=NAME --batch=B --replicas=R --steps=S`:
+`python -m benchmarks.runners --runner=NAME --batch=B --replicas=R --steps=S`
+measures one thing in this (fresh) process and prints one `RESULT {json}` line
+(or `ERROR <one line>` and exits 1):
 
-- `distloop`: the trainer CLI itself (run in this process, so peak RSS is its own);
-  examples/s from summary.json (steady state: the first, tracing loop left out).
-- `fit`: Keras `model.fit` on the same CNN, optimizer, batch, strategy and data, at
-  its best of `steps_per_execution` in {1, L} x `jit_compile` in {False, True}.
-- `bare`: the minimal correct `tf.function` loop (`optimizer.apply_gradients` inside
-  `strategy.run`): the ceiling.
-- `pipeline`: distloop's input pipeline alone (`batching.train_dataset`), iterated.
+- `fit`: Keras `model.fit` on the seed CNN (`models.build` of configs/synthetic.py)
+  with Adam(1e-3) and loss + accuracy metrics, at global batch B, under the
+  strategy distloop would use (default for 1 replica, MirroredStrategy over R
+  logical CPU devices otherwise), fed from the same examples held in memory.
+  One `--steps_per_execution` / `--jit_compile` setting per process: a failed
+  setting (Keras bugs, XLA limits) must not poison the next one's collectives.
+- `bare`: the least a correct loop does (meant as the ceiling): `steps_per_loop` steps of
+  `strategy.run(step)` in one tf.function, `optimizer.apply_gradients` inside
+  the replica step (Keras 3 all-reduces there by itself, which is right for a
+  loop that does not reduce explicitly), no metrics, no checks, no summaries.
+- `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
+  `experimental_distribute_dataset`, as the trainer consumes it), drained by a
+  tf.function that does nothing else: what it can deliver to training.
 
-`fit`, `bare` and `pipeline` report marginal throughput: (S2 - S1) * B over the time
-difference of runs of S1 and S2 steps after a warm-up, so tracing and set-up cancel out.
+Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
+for the life of a process, and cannot host two strategies of different sizes in
+one; each measurement starts where a user's job starts.
+
+Why marginal throughput: after a warm-up call (tracing, compilation, the first
+iterator), a run of S/4 steps and one of S steps are timed; (S - S/4) * B over
+the difference of their times leaves out every per-call cost (a `fit` call's
+set-up, its new iterator refilling the shuffle buffer), so what remains is the
+steady rate, the same thing distloop's loop-boundary timestamps measure.
 """
 import json
 import os
-import sys
-import tempfile
+import re
 import time
 
 from absl import app
 from absl import flags
 
-_RUNNER = flags.DEFINE_enum("runner", None, ["distloop", "fit", "bare", "pipeline"], "what")
+_RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "pipeline"], "what to measure",
+                            required=True)
 _BATCH = flags.DEFINE_integer("batch", 32, "global batch size")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "1: default strategy; N: mirrored on N CPUs")
-_STEPS = flags.DEFINE_integer("steps", 1000, "steps of the timed run")
-_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 50, "distloop loop / fit execution")
-_CHECKPOINT_INTERVAL = flags.DEFINE_integer("checkpoint_interval", 0, "distloop; 0 = at the end")
-
-
-def _peak_rss_mb() -> float:
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith("VmHWM:"):
-        return int(line.split()[1]) / 1024
-  return 0.0
-
-
-def _distloop() -> dict:
-  import runpy  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory() as model_dir:
-    steps = _STEPS.value
-    sys.argv = [
-        "trainer", "--config=synthetic", f"--model_dir={model_dir}",
-        f"--config.train.steps={steps}", f"--config.train.global_batch_size={_BATCH.value}",
-        f"--config.train.steps_per_loop={_STEPS_PER_LOOP.value}",
-        f"--config.checkpoint.interval={_CHECKPOINT_INTERVAL.value or steps}",
-        *([f"--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices="
-           f"{_REPLICAS.value}"] if _REPLICAS.value > 1 else [])]
-    try:
-      runpy.run_module("trainer", run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-      if e.code not in (0, None):
-        raise
-    with open(os.path.join(model_dir, "summary.json")) as f:
-      summary = json.load(f)
-  return {"examples_per_sec": summary["examples_per_sec"],
-          "checkpoint_time_sec": summary["checkpoint_time_sec"]}
+_STEPS = flags.DEFINE_integer("steps", 1000, "steps of the long timed run (the short one: 1/4)")
+_STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 50,
+                                       "steps per tf.function call (bare, pipeline); every "
+                                       "timed run is a whole number of them")
+_STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 1, "fit: compile()'s")
+_JIT_COMPILE = flags.DEFINE_bool("jit_compile", False, "fit: compile()'s (XLA)")
+_SEED = 0  # runtime.seed of configs/synthetic.py: the same weights and data as distloop
 
 
 def _setup():
-  """(strategy, splits, model_config): the runtime as distloop sets it up."""
+  """(strategy, splits, config): the runtime as trainer/runtime.py sets it up."""
+  import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import input_pipelines  # pylint: disable=g-import-not-at-top
   from configs import synthetic  # pylint: disable=g-import-not-at-top
   config = synthetic.get_config()
-  if _REPLICAS.value > 1:
+  splits = input_pipelines.load(config.data, _SEED)
+  if _REPLICAS.value > 1:  # logical devices must exist before the runtime starts
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * _REPLICAS.value)
@@ -74,23 +65,33 @@ def _setup():
         [d.name for d in tf.config.list_logical_devices("CPU")])
   else:
     strategy = tf.distribute.get_strategy()
-  tf.keras.utils.set_random_seed(0)
-  return strategy, input_pipelines.load(config.data, 0), config.model
+  keras.utils.set_random_seed(_SEED)
+  return strategy, splits, config
 
 
 def _in_memory_dataset(splits):
-  """The same examples as float32 [0, 1] (28, 28, 1), batched, repeated, prefetched."""
+  """fit's and bare's input: distloop's training examples as float32 in [0, 1],
+  (28, 28, 1), reshuffled every epoch, batched, prefetched: the usual tf.data
+  idiom for arrays in memory; repeating, it lets one fit call run any number of
+  steps."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   images = (splits.train_images.astype("float32") / 255.0)[..., None]
   return (tf.data.Dataset.from_tensor_slices((images, splits.train_labels))
-          .shuffle(len(images), seed=0).repeat()
+          .shuffle(len(images), seed=_SEED).repeat()
           .batch(_BATCH.value, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
 
 
+def _whole_loops(steps: int) -> int:
+  """Rounded down to whole loops (fit's epochs must be whole executions too), at least one."""
+  loop = _STEPS_PER_LOOP.value
+  return max(loop, steps // loop * loop)
+
+
 def _marginal(run) -> float:
-  """Examples/s between runs of S/4 and S steps (after `run` warmed up)."""
-  short, long = max(_STEPS.value // 4, 1), _STEPS.value
-  run(short)  # warm-up: tracing, compilation, first iterator
+  """Steady examples/s of `run(num_steps)`: warm up, then time S/4 and S steps."""
+  short = _whole_loops(_STEPS.value // 4)
+  long = max(_whole_loops(_STEPS.value), 2 * short)
+  run(short)  # warm-up: tracing, compilation, the first iterator
   start = time.perf_counter()
   run(short)
   t_short = time.perf_counter() - start
@@ -103,71 +104,94 @@ def _marginal(run) -> float:
 def _fit() -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
-  strategy, splits, model_config = _setup()
+  strategy, splits, config = _setup()
+  with strategy.scope():
+    model = models.build(config.model)
+    model.compile(optimizer=keras.optimizers.Adam(config.train.learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"],  # distloop computes loss and accuracy too
+                  steps_per_execution=_STEPS_PER_EXECUTION.value,
+                  jit_compile=_JIT_COMPILE.value)
   dataset = _in_memory_dataset(splits)
-  best = None
-  for steps_per_execution in (1, _STEPS_PER_LOOP.value):
-    for jit_compile in (False, True):
-      with strategy.scope():
-        model = models.build(model_config)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=steps_per_execution,
-                      jit_compile=jit_compile)
-      rate = _marginal(lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0))
-      if best is None or rate > best[0]:
-        best = (rate, f"steps_per_execution={steps_per_execution}, jit_compile={jit_compile}")
-  return {"examples_per_sec": best[0], "setting": best[1]}
+  rate = _marginal(lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0))
+  return {"examples_per_sec": rate}
 
 
 def _bare() -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
-  strategy, splits, model_config = _setup()
+  strategy, splits, config = _setup()
   with strategy.scope():
-    model = models.build(model_config)
-    optimizer = keras.optimizers.Adam(1e-3)
+    model = models.build(config.model)
+    optimizer = keras.optimizers.Adam(config.train.learning_rate)
+    # Slots now: created lazily inside the tf.function, they break the 2-replica
+    # trace ("You must feed a value for placeholder tensor ... in cond").
+    optimizer.build(model.trainable_variables)
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   iterator = iter(strategy.experimental_distribute_dataset(_in_memory_dataset(splits)))
+  variables = model.trainable_variables
 
   def step(images, labels):
     with tf.GradientTape() as tape:
-      loss = tf.nn.compute_average_loss(loss_fn(labels, model(images, training=True)),
-                                        global_batch_size=_BATCH.value)
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))  # Keras all-reduces
+      per_example_loss = loss_fn(labels, model(images, training=True))
+      loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=_BATCH.value)
+    grads = tape.gradient(loss, variables)
+    optimizer.apply_gradients(zip(grads, variables))  # Keras all-reduces in replica context
 
   @tf.function
   def loop(num_steps):
     for _ in tf.range(num_steps):
       strategy.run(step, args=next(iterator))
 
-  def run(n):
-    for _ in range(n // _STEPS_PER_LOOP.value):
+  def run(num_steps):
+    for _ in range(num_steps // _STEPS_PER_LOOP.value):
       loop(tf.constant(_STEPS_PER_LOOP.value))
-    optimizer.iterations.numpy()  # host sync
+    optimizer.iterations.numpy()  # host sync: every step has run
+
   return {"examples_per_sec": _marginal(run)}
 
 
 def _pipeline() -> dict:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
-  _, splits, _ = _setup()
-  iterator = iter(batching.train_dataset(splits, seed=0, global_batch_size=_BATCH.value,
-                                         start_example=0))
+  strategy, splits, config = _setup()
+  dataset = batching.train_dataset(splits, seed=config.runtime.seed,
+                                   global_batch_size=_BATCH.value, start_example=0)
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
 
-  def run(n):
-    for _ in range(n):
-      next(iterator)
+  @tf.function
+  def drain(num_steps):  # consumed as the train loop consumes it: next() in a tf.range
+    for _ in tf.range(num_steps):
+      next(iterator)  # stateful: kept although unused
+
+  def run(num_steps):
+    for _ in range(num_steps // _STEPS_PER_LOOP.value):
+      drain(tf.constant(_STEPS_PER_LOOP.value))
+
   return {"examples_per_sec": _marginal(run)}
+
+
+def _one_line(error: Exception) -> str:
+  """The gist of a (often multi-page) TensorFlow error."""
+  text = re.sub(r" \(defined @ [^)]*\)", "", str(error))  # source paths of the variable
+  status = re.search(r"\(0\) [A-Z_]+:\s*(.+)", text)  # "2 root error(s) found. (0) INVALID_..."
+  if status:
+    return status.group(1).strip()[:240]
+  lines = [line.strip() for line in text.splitlines()
+           if line.strip() and not line.startswith((" ", "\t", "[[", "Detected at node",
+                                                    "Graph execution error"))]
+  return f"{type(error).__name__}: {(lines or [''])[0][:240]}"
 
 
 def main(argv):
   del argv
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  result = {"distloop": _distloop, "fit": _fit, "bare": _bare, "pipeline": _pipeline}[
-      _RUNNER.value]()
-  result["peak_rss_mb"] = _peak_rss_mb()
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
+  try:
+    result = {"fit": _fit, "bare": _bare, "pipeline": _pipeline}[_RUNNER.value]()
+  except Exception as e:  # pylint: disable=broad-except
+    print("ERROR " + _one_line(e), flush=True)
+    raise
   print("RESULT " + json.dumps(result), flush=True)
 
 
