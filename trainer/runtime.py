@@ -113,15 +113,9 @@ def _tpu_strategy():
   return tf.distribute.TPUStrategy(resolver)
 
 
-def serves_only(strategy_name: str, resolver) -> bool:
-  """True for the worker and ps tasks of a parameter-server cluster: they run a
-  tf.distribute.Server and wait; the chief (the coordinator) does the training."""
-  return (strategy_name == "parameter_server" and resolver is not None
-          and resolver.task_type in ("worker", "ps"))
-
-
 def serve(resolver) -> None:
-  """Runs this task's gRPC server until the process is killed."""
+  """Runs this task's gRPC server until the process is killed: the worker and ps tasks
+  of a parameter-server cluster, while the chief (the coordinator) trains."""
   server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                 task_index=resolver.task_id, protocol="grpc", start=True)
   server.join()
