@@ -11,22 +11,32 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.model = ml_collections.ConfigDict()
-  config.model.name = "mnist_cnn"      # models/<name>.py: mnist_cnn | mlp
+  config.model.name = "mnist_cnn"      # mnist_cnn | mlp | tabular, or MODULE:FUNCTION (your own builder)
+  config.model.num_classes = 10        # mnist_cnn, mlp: outputs (logits) of the last layer
   config.model.conv_filters = 32       # mnist_cnn: filters of the 3x3 convolution
   config.model.dense_units = 64        # mnist_cnn: units of the hidden dense layer
   config.model.mlp_units = 128         # mlp: units of the hidden dense layer
   config.model.dropout_rate = 0.2      # mlp: dropout after the hidden layer
+  config.model.hidden_units = 16       # tabular: units of the hidden dense layer
+  config.model.num_outputs = 1         # tabular: outputs of the last layer (1: a logit or a value)
 
   config.data = ml_collections.ConfigDict()
-  config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist
-  config.data.dir = ""                 # four IDX files (.gz or not) or mnist.npz; "" = Keras download/cache
+  config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist | tabular | regression | image_folder, or MODULE:FUNCTION
+  config.data.dir = ""                 # the data's files (per pipeline); mnist: "" = Keras download/cache
+  config.data.preprocess = ""          # MODULE:FUNCTION(features, labels, seed) per training example; "" = none
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
+  config.data.num_features = 10        # tabular, regression (synthetic): features per row
+  config.data.label_column = "label"   # tabular, regression (CSV): the column holding the label
+  config.data.eval_fraction = 0.2      # tabular, regression, image_folder: held-out share when there is no test split
+  config.data.image_size = 32          # image_folder: every image is resized to image_size x image_size
+  config.data.channels = 3             # image_folder: 3 (RGB) or 1 (grayscale)
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 300             # total optimizer steps of the run
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
+  config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION
   config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only
@@ -41,6 +51,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end
   config.eval.global_batch_size = 500  # examples per eval step; the last partial batch is evaluated too
+  config.eval.metrics = "accuracy"     # comma-separated: accuracy, top_k_accuracy, binary_accuracy, mean_absolute_error, mean_squared_error, MODULE:FUNCTION
+  config.eval.top_k = 5                # top_k_accuracy: k
   config.eval.poll_seconds = 5.0       # continuous_eval: how often to look for new checkpoints
   config.eval.timeout_seconds = 3600.0 # continuous_eval: exit 1 if no new checkpoint for this long; 0 = wait forever
 
@@ -49,7 +61,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint.max_to_keep = 3    # newest checkpoints kept on disk
   config.checkpoint.async_save = True  # write in the background while training goes on
   config.checkpoint.keep_period = 0    # also keep every step divisible by this forever; 0 = off
-  config.checkpoint.keep_best = 0      # also keep the N best by eval accuracy in checkpoints_best/; 0 = off
+  config.checkpoint.keep_best = 0      # also keep the N best evals (checkpoint.best_metric) in checkpoints_best/; 0 = off
+  config.checkpoint.best_metric = "accuracy"  # keep_best: "loss" or a name from eval.metrics
+  config.checkpoint.best_mode = "max"  # keep_best: max (higher is better) | min
   config.checkpoint.init_from = ""     # warm start: a model_dir or checkpoints/<step> to take weights from
 
   config.runtime = ml_collections.ConfigDict()

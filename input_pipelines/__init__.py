@@ -1,27 +1,56 @@
-"""Input pipeline registry: `config.data.name` -> a `build(data_config, seed) -> Splits`.
+"""Input pipeline registry: `config.data.name` -> `(train, eval)` sources.
 
-Pipelines only load data into memory (numpy, no TensorFlow), so bad files are
-reported before the runtime starts. `input_pipelines.batching` turns Splits into
-the tf.data streams the trainer consumes.
+A built-in name maps to a builder here; `MODULE:FUNCTION` names the user's own
+(trainer/plugins.py). Every builder has the plug-in signature
+`FUNCTION(data_config, seed) -> (train, eval)`, each split one of the forms
+input_pipelines/sources.py accepts (numpy arrays, a random-access source, or a
+callable returning a tf.data.Dataset). Builders run before the TensorFlow
+runtime starts: they load or index data, they do not run TensorFlow ops, so bad
+files are reported in a second. `input_pipelines.batching` turns the sources into
+the tf.data streams the trainer consumes; it owns the order.
 """
-from typing import Callable
+import importlib
 
 import ml_collections
 
-from input_pipelines import mnist, synthetic
+from input_pipelines import sources
 from input_pipelines.errors import DataError
-from input_pipelines.splits import Splits
+from input_pipelines.sources import Source
+from trainer import plugins
 
-_BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, int], Splits]] = {
-    "synthetic": synthetic.build,
-    "mnist": mnist.build_mnist,
-    "fashion_mnist": mnist.build_fashion_mnist,
+_BUILTINS = {  # name -> (module, function); imported on first use
+    "synthetic": ("input_pipelines.synthetic", "build_sources"),
+    "mnist": ("input_pipelines.mnist", "build_mnist_sources"),
+    "fashion_mnist": ("input_pipelines.mnist", "build_fashion_mnist_sources"),
+    "tabular": ("input_pipelines.table", "build_tabular"),
+    "regression": ("input_pipelines.table", "build_regression"),
+    "image_folder": ("input_pipelines.image_folder", "build"),
 }
 
-NAMES = tuple(_BUILDERS)
+NAMES = tuple(_BUILTINS)
 
-__all__ = ["DataError", "NAMES", "Splits", "load"]
+__all__ = ["DataError", "NAMES", "Source", "builder", "load"]
 
 
-def load(data_config: ml_collections.ConfigDict, seed: int) -> Splits:
-  return _BUILDERS[data_config.name](data_config, seed)
+def builder(data_config: ml_collections.ConfigDict):
+  """The builder `data.name` names; UserError if it does not resolve."""
+  if data_config.name in _BUILTINS:
+    module, function = _BUILTINS[data_config.name]
+    return getattr(importlib.import_module(module), function)
+  return plugins.resolve("data.name", data_config.name, dict.fromkeys(NAMES))
+
+
+def load(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Source, Source]:
+  """(train, eval) sources, checked: DataError/UserError naming the plug-in otherwise."""
+  build = builder(data_config)
+  try:
+    splits = build(data_config, seed)
+  except (DataError, plugins.UserError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
+    if data_config.name in _BUILTINS:
+      raise
+    raise plugins.UserError(f"data.name={data_config.name!r} raised {type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                            ) from None
+  return sources.as_splits(splits, f"data.name={data_config.name!r}")

@@ -22,6 +22,14 @@ def build_fashion_mnist(data_config: ml_collections.ConfigDict, seed: int) -> Sp
   return _load(data_config.dir, "fashion_mnist")
 
 
+def build_mnist_sources(data_config: ml_collections.ConfigDict, seed: int):
+  return build_mnist(data_config, seed).sources("data.name='mnist'")
+
+
+def build_fashion_mnist_sources(data_config: ml_collections.ConfigDict, seed: int):
+  return build_fashion_mnist(data_config, seed).sources("data.name='fashion_mnist'")
+
+
 def _load(directory: str, name: str) -> Splits:
   if not directory:
     return _load_with_keras(name)

@@ -1,9 +1,16 @@
-"""The in-memory form every pipeline hands to the trainer."""
+"""The MNIST family's in-memory form: 28x28 uint8 images and labels 0..9."""
 import dataclasses
 
 import numpy as np
 
 from input_pipelines.errors import DataError
+from input_pipelines.sources import ArraySource
+
+
+def scale_images(images):
+  """uint8 [b, 28, 28] -> float32 [b, 28, 28, 1] in [0, 1], per batch in tf.data."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (the pipeline runs it)
+  return tf.cast(images, tf.float32)[..., tf.newaxis] / 255.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,3 +35,10 @@ class Splits:
       if labels.min() < 0 or labels.max() > 9:
         raise DataError(f"{source}: {split} labels outside 0..9")
     return self
+
+  def sources(self, where: str) -> tuple[ArraySource, ArraySource]:
+    """(train, eval) as the pipeline reads them; the serving input is named `images`."""
+    return (ArraySource(self.train_images, self.train_labels, where=f"{where} train split",
+                        decode=scale_images, feature_name="images"),
+            ArraySource(self.test_images, self.test_labels, where=f"{where} eval split",
+                        decode=scale_images, feature_name="images"))

@@ -23,6 +23,10 @@ def build(data_config: ml_collections.ConfigDict, seed: int) -> Splits:
   return Splits(train_images, train_labels, test_images, test_labels)
 
 
+def build_sources(data_config: ml_collections.ConfigDict, seed: int):
+  return build(data_config, seed).sources("data.name='synthetic'")
+
+
 def _shifted_templates(rng: np.random.Generator) -> np.ndarray:
   """float32 [10, shifts, shifts, 28, 28]: every class pattern at every shift."""
   ys, xs = np.mgrid[0:28, 0:28].astype(np.float32)

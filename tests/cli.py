@@ -7,7 +7,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-MNIST_TEST_DIR = os.path.join(os.path.dirname(REPO), "shared", "data", "mnist")
+MNIST_TEST_DIR = os.path.join(REPO, "tests", "data", "mnist")  # real MNIST test files (1.7 MB)
 
 
 @dataclasses.dataclass

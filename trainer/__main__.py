@@ -44,6 +44,11 @@ def main(argv):
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     _fail(EXIT_BAD_INPUT, e)
+  except Exception as e:  # pylint: disable=broad-except
+    data_error = _data_error_inside(e)
+    if data_error is None:
+      raise
+    _fail(EXIT_BAD_INPUT, data_error)
   except (NonFiniteError, continuous_eval.Unfinished) as e:
     _fail(EXIT_FAILURE, e)
   except Preempted as e:
@@ -119,17 +124,29 @@ def _restore_step(trainer, step: int):
 
 def _log_summary(summary: dict, model_dir: str) -> None:
   """The final block: what a user reads first when the job ends."""
+  def values(split):
+    names = [key[len(split) + 1:] for key in summary
+             if key.startswith(split + "_") and isinstance(summary[key], (float, type(None)))
+             and not key.endswith("_sec")]
+    return " | ".join(f"{name} {summary[f'{split}_{name}'] or float('nan'):.4f}"
+                      for name in sorted(names, key=lambda n: n != "loss"))
   logging.info(
       "Done at step %d (%s, %d replica(s)):\n"
-      "  eval      accuracy %.4f | loss %.4f | %d examples\n"
-      "  train     loss %.4f | accuracy %.4f | %.0f examples/s (steady state)\n"
+      "  eval      %s | %d examples\n"
+      "  train     %s | %.0f examples/s (steady state)\n"
       "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
       "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)",
-      summary["step"], summary["strategy"], summary["num_replicas"], summary["eval_accuracy"],
-      summary["eval_loss"], summary["eval_examples"], summary["train_loss"] or float("nan"),
-      summary["train_accuracy"] or float("nan"), summary["examples_per_sec"],
+      summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
+      summary["eval_examples"], values("train"), summary["examples_per_sec"],
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
       summary["checkpoint_time_sec"], os.path.abspath(model_dir))
+
+
+def _data_error_inside(error: Exception) -> str | None:
+  """A DataError raised by a source's __getitem__ inside tf.data reaches us wrapped in a
+  TensorFlow error: its one line, or None if `error` is something else."""
+  match = re.search(r"DataError: (.+)", str(error))
+  return match.group(1).strip() if match else None
 
 
 def _is_parameter_server_task(config) -> bool:

@@ -100,13 +100,13 @@ class Checkpoints:
   """Saves and restores training state; `writer=False` never touches the disk.
 
   `best_metric` makes this a keep-best manager: it keeps the `max_to_keep`
-  steps with the highest value of that metric (a separate directory from the
+  steps with the best value of that metric (highest or lowest: `best_mode`) (a separate directory from the
   latest-N manager, because orbax's best_fn with max_to_keep can delete the
   newest step).
   """
 
   def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool,
-               keep_period: int = 0, best_metric: str | None = None):
+               keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max"):
     self.directory = os.path.abspath(directory)
     self._writer = writer
     self._best_metric = best_metric
@@ -115,7 +115,7 @@ class Checkpoints:
           max_to_keep=max_to_keep,
           keep_period=keep_period or None,
           best_fn=(lambda metrics: metrics[best_metric]) if best_metric else None,
-          best_mode="max",
+          best_mode=best_mode,
           keep_checkpoints_without_metrics=not best_metric,
           enable_async_checkpointing=async_save,
           create=False)

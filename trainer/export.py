@@ -1,9 +1,13 @@
 """SavedModel export: model_dir/export/<step>/, signature `serving_default`.
 
-Input `images`: float32 [None, 28, 28, 1] in [0, 1]; output `probabilities`:
-float32 [None, 10]. The export is built from the checkpointed weights in a plain
-(undistributed) copy of the model, so it loads anywhere TensorFlow runs, and is
-written to a temporary directory and renamed: a crash never leaves half an export.
+Inputs come from the features' spec as the model sees them: a dict's keys
+become the input names; a bare array is one input named after its source
+(`images` for the MNIST family, `inputs` otherwise). The output follows the
+loss: `probabilities` (softmax / sigmoid of the logits) for the cross-entropies,
+`predictions` (the raw outputs) for anything else. The export is built from the
+checkpointed weights in a plain (undistributed) copy of the model, so it loads
+anywhere TensorFlow runs without distloop, and is written to a temporary
+directory and renamed: a crash never leaves half an export.
 """
 import os
 import shutil
@@ -12,31 +16,49 @@ import ml_collections
 import tensorflow as tf
 
 import models
-from trainer import checkpoints
+from trainer import losses
 
 
 class _Serving(tf.Module):
 
-  def __init__(self, model):
+  def __init__(self, model, output_name: str, transform):
     super().__init__()
     self.model = model
+    self._output_name = output_name
+    self._transform = transform
 
-  @tf.function(input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="images")])
-  def serve(self, images):
-    logits = tf.cast(self.model(images, training=False), tf.float32)  # mixed precision: 16-bit
-    return {"probabilities": tf.nn.softmax(logits, axis=-1)}
+  def serve(self, features):
+    outputs = tf.cast(self.model(features, training=False), tf.float32)  # mixed precision
+    return {self._output_name: self._transform(outputs)}
 
 
 def export_dir(model_dir: str, step: int) -> str:
   return os.path.join(model_dir, "export", str(step))
 
 
-def export_saved_model(model_config: ml_collections.ConfigDict, model_tree: dict,
-                       destination: str) -> None:
-  model = models.build(model_config)
-  checkpoints.assign_tree(checkpoints.model_variables(model), model_tree)
-  serving = _Serving(model)
+def serving_spec(features_spec, feature_name: str):
+  """The signature's input spec: named TensorSpecs with batch dimension None."""
+  def named(spec, name):
+    return tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name=name)
+  if isinstance(features_spec, dict):
+    return {key: named(spec, key) for key, spec in features_spec.items()}
+  return named(features_spec, feature_name)
+
+
+def export_saved_model(config: ml_collections.ConfigDict, weights: list, features_spec,
+                       feature_name: str, destination: str) -> None:
+  """`weights`: the live model's variable values, in `model.variables` order."""
+  input_spec = serving_spec(features_spec, feature_name)
+  model = models.build(config.model, input_spec)
+  if not model.variables:  # a subclassed model builds on its first call
+    model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), input_spec),
+          training=False)
+  for variable, value in zip(model.variables, weights, strict=True):
+    variable.assign(value)
+  serving = _Serving(model, *losses.served_output(config.train.loss))
+  function = tf.function(serving.serve, input_signature=[input_spec])
   temporary = destination + ".tmp"
   shutil.rmtree(temporary, ignore_errors=True)
-  tf.saved_model.save(serving, temporary, signatures={"serving_default": serving.serve})
+  tf.saved_model.save(serving, temporary,
+                      signatures={"serving_default": function.get_concrete_function()})
   os.replace(temporary, destination)

@@ -17,15 +17,19 @@ import tensorflow as tf
 
 import models
 from input_pipelines import batching
-from input_pipelines.splits import Splits
+from input_pipelines.sources import Source
 from trainer import checkpoints
+from trainer import compatibility
 from trainer.agreement import Agreement
 from trainer import export
 from trainer import logs
 from trainer import loss_scale
+from trainer import losses
+from trainer import metrics
 from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
+from trainer import plugins
 from trainer import preemption
 from trainer import profiling
 from trainer import runtime
@@ -35,6 +39,7 @@ from trainer.errors import NonFiniteError, Preempted
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
+_PROBE_EXAMPLES = 8  # training examples the start-up checks and TensorBoard's samples use
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,25 +103,36 @@ class Trainer:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
-               strategy: tf.distribute.Strategy, splits: Splits, *, read_only: bool = False):
+               strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
+               read_only: bool = False):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
-    self.splits = splits
+    self.train_source, self.eval_source = splits
+    self._preprocess = _preprocess_fn(config.data.preprocess)
+    loss_fn = losses.resolve(config.train.loss)
+    metric_fns = metrics.resolve(config.eval, config.train.loss)
+    # A few real training examples: the model's input spec, the start-up checks, samples.
+    self._probe = next(iter(self._train_dataset(start_example=0,
+                                                global_batch_size=_PROBE_EXAMPLES)))
+    self.features_spec = tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe[0])
     self.is_chief = runtime.is_chief(strategy)
     self.agreement = Agreement(strategy)
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
-      self.model = models.build(config.model)
+      self.model = models.build(config.model, self.features_spec)
+      compatibility.check(config, self.model, loss_fn, metric_fns, *self._probe,
+                          self.train_source, self.eval_source)  # also builds a subclassed model
       self.optimizer = optimizers.create(config.train)
       self.optimizer.build(self.model.trainable_variables)
       self.loss_scale = (loss_scale.DynamicLossScale()
                          if config.runtime.mixed_precision == "float16" else None)
-      self._train_metrics = steps.MetricSums("train")
+      self._train_metrics = steps.MetricSums("train", loss_fn, metric_fns)
     # Eval runs under the strategy, except with a coordinator: there it runs right here.
     with contextlib.nullcontext() if self.coordinator else strategy.scope():
-      self._eval_metrics = steps.MetricSums("eval")
+      self._eval_metrics = steps.MetricSums("eval", loss_fn, metric_fns)
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
@@ -124,7 +140,8 @@ class Trainer:
         async_save=config.checkpoint.async_save, writer=writer)
     self._best_checkpoints = checkpoints.Checkpoints(
         outputs.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
-        best_metric="accuracy", async_save=config.checkpoint.async_save,
+        best_metric=config.checkpoint.best_metric, best_mode=config.checkpoint.best_mode,
+        async_save=config.checkpoint.async_save,
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
@@ -159,8 +176,8 @@ class Trainer:
     if self.is_chief:
       outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
-    if position.step == 0:
-      self.summaries.sample_images(0, self._sample_images())
+    if position.step == 0 and _looks_like_images(self._probe[0]):
+      self.summaries.sample_images(0, self._probe[0].numpy())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
     logging.info("Training %s on %s with %d replica(s) (%s) from step %d to %d.",
@@ -212,9 +229,9 @@ class Trainer:
     summary = {
         "step": position.step,
         "train_loss": train_metrics.get("loss"),
-        "train_accuracy": train_metrics.get("accuracy"),
+        **{f"train_{name}": train_metrics.get(name) for name in self._metric_names},
         "eval_loss": eval_metrics["loss"],
-        "eval_accuracy": eval_metrics["accuracy"],
+        **{f"eval_{name}": eval_metrics[name] for name in self._metric_names},
         "eval_examples": eval_metrics["examples"],
         "examples_per_sec": throughput.per_second(),
         "num_replicas": self.strategy.num_replicas_in_sync,
@@ -232,11 +249,15 @@ class Trainer:
 
   # -- the periodic work --------------------------------------------------------
 
+  @property
+  def _metric_names(self) -> list[str]:
+    return [plugins.name_of(spec) for spec in metrics.names(self.config.eval)]
+
   def evaluate(self, step: int) -> dict:
-    """Loss and accuracy over every test example exactly once."""
+    """The loss and every metric over every eval example exactly once."""
     start = time.perf_counter()
     if self._eval_pass is None:
-      dataset = batching.eval_dataset(self.splits,
+      dataset = batching.eval_dataset(self.eval_source,
                                       global_batch_size=self.config.eval.global_batch_size)
       if self.coordinator:
         self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset)
@@ -247,11 +268,12 @@ class Trainer:
     self._eval_metrics.reset()
     self._eval_pass()
     result = self._eval_metrics.result()  # host sync
-    self.summaries.scalars("eval", step, {"loss": result["loss"], "accuracy": result["accuracy"]})
+    self.summaries.scalars("eval", step, {name: result[name]
+                                          for name in ("loss", *self._metric_names)})
     self.summaries.flush()
     self._eval_seconds += time.perf_counter() - start
-    logging.info("eval at step %d | loss %.4f | accuracy %.4f | %d examples",
-                 step, result["loss"], result["accuracy"], result["examples"])
+    logging.info("eval at step %d | %s | %d examples", step,
+                 _metrics_line(result, ("loss", *self._metric_names)), result["examples"])
     return result
 
   def save(self, position: Position) -> None:
@@ -266,8 +288,9 @@ class Trainer:
 
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
+      metric = self.config.checkpoint.best_metric
       self._best_checkpoints.save(position.step, *self._snapshot(position),
-                                  metrics={"accuracy": eval_metrics["accuracy"]})
+                                  metrics={metric: eval_metrics[metric]})
 
   def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
     """Host copies of the state to save: model tree, optimizer tree, meta."""
@@ -284,22 +307,23 @@ class Trainer:
   def _report_progress(self, step, metrics, num_steps, loop_seconds) -> None:
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
     learning_rate = float(self.optimizer.learning_rate.numpy())  # the rate of the next step
+    names = ("loss", *self._metric_names)
     self.summaries.scalars("train", step, {
-        "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+        **{name: metrics[name] for name in names},
         "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
         **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
-    logging.info("step %d/%d | loss %.4f | accuracy %.4f | lr %.3g | %.0f examples/s | ETA %s",
-                 step, self.config.train.steps, metrics["loss"], metrics["accuracy"],
+    logging.info("step %d/%d | %s | lr %.3g | %.0f examples/s | ETA %s",
+                 step, self.config.train.steps, _metrics_line(metrics, names),
                  learning_rate, examples_per_sec,
                  _eta(self.config.train.steps - step, loop_seconds / num_steps))
 
-  def _sample_images(self):
-    """The first few training inputs of the run, as the model sees them."""
-    dataset = batching.train_dataset(self.splits, seed=self.config.runtime.seed,
-                                     global_batch_size=8, start_example=0)
-    images, _ = next(iter(dataset))
-    return images.numpy()
+  def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
+                     salted: bool = False) -> tf.data.Dataset:
+    return batching.train_dataset(
+        self.train_source, seed=self.config.runtime.seed,
+        global_batch_size=global_batch_size or self.config.train.global_batch_size,
+        start_example=start_example, preprocess=self._preprocess, salted=salted)
 
   # -- state in and out ---------------------------------------------------------
 
@@ -383,9 +407,7 @@ class Trainer:
 
   def _batches_from(self, position: Position):
     def dataset(salted=False):
-      return batching.train_dataset(self.splits, seed=self.config.runtime.seed,
-                                    global_batch_size=self.config.train.global_batch_size,
-                                    start_example=position.examples, salted=salted)
+      return self._train_dataset(start_example=position.examples, salted=salted)
     if self.coordinator:
       # Asynchronous workers cannot split one stream exactly: each reads its own
       # order of the data (a per-worker salt), from the checkpointed position.
@@ -398,8 +420,8 @@ class Trainer:
     if not self.is_chief or os.path.isdir(destination):
       return destination
     export.export_saved_model(
-        self.config.model, checkpoints.variables_tree(checkpoints.model_variables(self.model)),
-        destination)
+        self.config, [variable.numpy() for variable in self.model.variables],
+        self.features_spec, self.train_source.feature_name, destination)
     logging.info("Exported SavedModel to %s", destination)
     return destination
 
@@ -418,3 +440,28 @@ class Trainer:
 def _eta(remaining_steps: int, seconds_per_step: float) -> str:
   seconds = int(remaining_steps * seconds_per_step)
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _metrics_line(values: dict, names) -> str:
+  return " | ".join(f"{name} {values[name]:.4f}" for name in names)
+
+
+def _looks_like_images(features) -> bool:
+  """TensorBoard's input samples: only for one [b, H, W, 1|3|4] array of features."""
+  return (tf.is_tensor(features) and features.shape.rank == 4 and features.shape[-1] in (1, 3, 4)
+          and (features.dtype.is_floating or features.dtype == tf.uint8))
+
+
+def _preprocess_fn(spec: str):
+  """data.preprocess as a tf.data function whose errors name the plug-in; None if unset."""
+  if not spec:
+    return None
+  function = plugins.resolve("data.preprocess", spec)
+
+  def preprocess(features, labels, seed):
+    result = plugins.call("data.preprocess", spec, function, features, labels, seed)
+    if not isinstance(result, tuple) or len(result) != 2:
+      raise plugins.UserError(f"data.preprocess={spec!r} must return (features, labels), "
+                              f"got {type(result).__name__}")
+    return result
+  return preprocess

@@ -1,4 +1,4 @@
-"""The compiled part of the loop: the replica step, `steps_per_loop` of them per
+"""The compiled part of the loop: the replica step (any model, loss and metrics), `steps_per_loop` of them per
 tf.function call, and the eval pass. Python never runs between two steps.
 
 Loss scaling: each replica sums its per-example losses and divides by the
@@ -6,77 +6,74 @@ Loss scaling: each replica sums its per-example losses and divides by the
 replica gradients is exactly the gradient of the global-batch mean loss, for any
 replica count.
 """
-import keras
 import tensorflow as tf
 
 from trainer import optimizers
 
-_cross_entropy = keras.losses.SparseCategoricalCrossentropy(
-    from_logits=True, reduction=None)
-
 
 class MetricSums:
-  """Loss sum, correct count and example count, accumulated on each replica.
+  """Per-example sums (the loss and every metric) and the example count, on each replica.
 
   ON_READ/SUM variables: each replica adds to its own copy with no
   communication; reading one (at a loop boundary, a host sync) sums the copies.
-  `totals()` reads all five at once, so the compiled train loop can return them
-  and the loop boundary pays a single host sync. Create inside `strategy.scope()`.
+  `totals()` reads them at once, so the compiled train loop can return them and
+  the loop boundary pays a single host sync. Dividing the sums by the count
+  once, at the end, makes each metric the exact mean over every example.
+  Create inside `strategy.scope()`.
   """
 
-  def __init__(self, name: str):
-    def zero(suffix):
-      return tf.Variable(0.0, dtype=tf.float64, trainable=False, name=f"{name}_{suffix}",
+  def __init__(self, name: str, loss_fn, metric_fns: dict):
+    self._loss_fn = loss_fn
+    self._metric_fns = dict(metric_fns)
+    self._names = ["loss", *self._metric_fns]
+    def zero(suffix, size):
+      return tf.Variable(tf.zeros([size], tf.float64), trainable=False, name=f"{name}_{suffix}",
                          synchronization=tf.VariableSynchronization.ON_READ,
                          aggregation=tf.VariableAggregation.SUM)
-    self._loss_sum = zero("loss_sum")
-    self._correct = zero("correct")
-    self._count = zero("count")
-    self._grad_norm_sum = zero("grad_norm_sum")  # training only: the reduced gradient's norm
-    self._grad_norm_count = zero("grad_norm_count")
-    self._sums = (self._loss_sum, self._correct, self._count, self._grad_norm_sum,
-                  self._grad_norm_count)
+    self._sums = zero("sums", len(self._names) + 1)  # [count, loss, metric...]
+    self._grad_norm = zero("grad_norm", 2)  # training only: [sum of norms, steps]
 
-  def update(self, per_example_loss, logits, labels):
+  def per_example_loss(self, labels, outputs):
+    return self._loss_fn(labels, outputs)
+
+  def update(self, per_example_loss, outputs, labels):
     """Replica context: add one batch."""
-    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
-    self._loss_sum.assign_add(tf.reduce_sum(tf.cast(per_example_loss, tf.float64)))
-    self._correct.assign_add(tf.reduce_sum(tf.cast(predictions == labels, tf.float64)))
-    self._count.assign_add(tf.cast(tf.size(labels), tf.float64))
+    values = [per_example_loss] + [fn(labels, outputs) for fn in self._metric_fns.values()]
+    sums = [tf.reduce_sum(tf.cast(v, tf.float64)) for v in values]
+    count = tf.cast(tf.shape(per_example_loss)[0], tf.float64)
+    self._sums.assign_add(tf.stack([count, *sums]))
 
   def update_gradient_norm(self, norm):
     """Replica context: add one step's global norm (every replica adds the same, finite one)."""
     finite = tf.math.is_finite(norm)
-    zero = tf.constant(0.0, tf.float64)
-    self._grad_norm_sum.assign_add(tf.where(finite, tf.cast(norm, tf.float64), zero))
-    self._grad_norm_count.assign_add(tf.where(finite, tf.constant(1.0, tf.float64), zero))
+    self._grad_norm.assign_add(tf.where(
+        finite, tf.stack([tf.cast(norm, tf.float64), tf.constant(1.0, tf.float64)]),
+        tf.zeros([2], tf.float64)))
 
   def reset(self):
     """Cross-replica context (eager or compiled): every replica's copy to zero."""
-    for v in self._sums:
+    for v in (self._sums, self._grad_norm):
       v.assign(tf.zeros_like(v))
 
   def totals(self):
     """Cross-replica context: the sums over all replicas, one float64 vector."""
-    return tf.stack([v.read_value() for v in self._sums])
+    return tf.concat([self._sums.read_value(), self._grad_norm.read_value()], axis=0)
 
   def result(self, totals=None) -> dict:
-    """Host sync: the metrics from `totals` (as returned by a compiled loop), or read now."""
-    loss_sum, correct, count, norm_sum, norm_count = (
-        self.totals() if totals is None else totals).numpy().tolist()
-    result = {
-        "loss": loss_sum / max(count, 1.0),
-        "accuracy": correct / max(count, 1.0),
-        "examples": int(round(count)),
-    }
+    """Host sync: {"loss", each metric, "examples"[, "grad_norm"]} from `totals` (as a
+    compiled loop returns them), or read now."""
+    count, *sums = (self.totals() if totals is None else totals).numpy().tolist()
+    *sums, norm_sum, norm_count = sums
+    result = {name: total / max(count, 1.0) for name, total in zip(self._names, sums)}
+    result["examples"] = int(round(count))
     if norm_count:
       result["grad_norm"] = norm_sum / norm_count
     return result
 
 
-def _logits(model, images, training: bool):
-  """float32 logits whatever the compute dtype (mixed precision computes in 16 bits)."""
-  return tf.cast(model(images, training=training), tf.float32)
+def _outputs(model, features, training: bool):
+  """float32 outputs whatever the compute dtype (mixed precision computes in 16 bits)."""
+  return tf.cast(model(features, training=training), tf.float32)
 
 
 def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_size: int,
@@ -92,20 +89,20 @@ def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_si
   variables = model.trainable_variables
 
   @tf.function(jit_compile=jit_compile, autograph=False)
-  def gradients(images, labels):
+  def gradients(features, labels):
     with tf.GradientTape() as tape:
-      logits = _logits(model, images, training=True)
-      per_example_loss = _cross_entropy(labels, logits)
+      outputs = _outputs(model, features, training=True)
+      per_example_loss = metrics.per_example_loss(labels, outputs)
       loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
       if loss_scale is not None:  # float16: keep small gradients from underflowing
         loss = loss_scale.scale_loss(loss)
-    return tape.gradient(loss, variables), per_example_loss, logits
+    return tape.gradient(loss, variables), per_example_loss, outputs
 
   def replica_step(batch):
-    images, labels = batch
-    grads, per_example_loss, logits = gradients(images, labels)
+    features, labels = batch
+    grads, per_example_loss, outputs = gradients(features, labels)
     context = tf.distribute.get_replica_context()
     # The one and only gradient reduction (see trainer/optimizers.py for why).
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads,
@@ -122,7 +119,7 @@ def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_si
         lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
             strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_),
         args=(reduced, finite))
-    metrics.update(per_example_loss, logits, labels)
+    metrics.update(per_example_loss, outputs, labels)
 
   return replica_step
 
@@ -197,9 +194,9 @@ def make_eval_pass(strategy, model, metrics: MetricSums, dataset):
   (the parameter-server coordinator, reading the weights from the servers)."""
 
   def replica_step(batch):
-    images, labels = batch
-    logits = _logits(model, images, training=False)
-    metrics.update(_cross_entropy(labels, logits), logits, labels)
+    features, labels = batch
+    outputs = _outputs(model, features, training=False)
+    metrics.update(metrics.per_example_loss(labels, outputs), outputs, labels)
 
   @tf.function
   def eval_pass():

@@ -11,6 +11,7 @@ import ml_collections
 
 import input_pipelines
 import models
+from trainer import plugins
 from trainer.errors import UserError
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adagrad")
@@ -20,18 +21,33 @@ ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
 NONFINITE_POLICIES = ("stop", "rollback")
 LR_SCHEDULES = ("constant", "cosine", "step")
 PRECISIONS = ("float32", "bfloat16", "float16")
+# Built-in names of trainer/losses.py and trainer/metrics.py (kept here: no TensorFlow import).
+LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mean_squared_error",
+          "mean_absolute_error")
+METRICS = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
+           "mean_squared_error")
+BEST_MODES = ("max", "min")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UserError naming the first bad field."""
-  _one_of(config, "model.name", models.NAMES)
-  for field in ("model.conv_filters", "model.dense_units", "model.mlp_units"):
+  """Raises UserError naming the first bad field (and imports the plug-ins it names)."""
+  models.builder(config.model)  # a built-in, or MODULE:FUNCTION that resolves
+  for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
+                "model.num_classes", "model.hidden_units", "model.num_outputs"):
     _positive(config, field)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
-  _one_of(config, "data.name", input_pipelines.NAMES)
-  _positive(config, "data.num_train_examples")
-  _positive(config, "data.num_eval_examples")
+  input_pipelines.builder(config.data)
+  if config.data.preprocess:
+    plugins.resolve("data.preprocess", config.data.preprocess)
+  for field in ("data.num_train_examples", "data.num_eval_examples", "data.num_features",
+                "data.image_size"):
+    _positive(config, field)
+  _in_range(config, "data.eval_fraction", 0.0, 1.0, high_inclusive=False)
+  _one_of(config, "data.channels", (1, 3))
+
+  plugins.resolve("train.loss", config.train.loss, dict.fromkeys(LOSSES))
+  _metrics(config)
 
   for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
     _positive(config, field)
@@ -59,6 +75,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _positive(config, "checkpoint.max_to_keep")
   _non_negative(config, "checkpoint.keep_period")
   _non_negative(config, "checkpoint.keep_best")
+  _one_of(config, "checkpoint.best_mode", BEST_MODES)
+  reported = ["loss"] + [plugins.name_of(spec) for spec in _metric_specs(config)]
+  if config.checkpoint.keep_best and config.checkpoint.best_metric not in reported:
+    raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
+                    f"(choose from: {', '.join(reported)})")
   if config.checkpoint.init_from and not os.path.isdir(config.checkpoint.init_from):
     raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
 
@@ -71,6 +92,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
   _profile_window(config.runtime.profile_steps)
   _boolean(config, "runtime.jit_compile")
+
+
+def _metric_specs(config) -> list[str]:
+  return [name.strip() for name in str(config.eval.metrics).split(",") if name.strip()]
+
+
+def _metrics(config) -> None:
+  specs = _metric_specs(config)
+  names = [plugins.name_of(spec) for spec in specs]
+  for spec, name in zip(specs, names):
+    plugins.resolve("eval.metrics", spec, dict.fromkeys(METRICS))
+    if names.count(name) > 1 or name in ("loss", "examples"):
+      raise UserError(f"eval.metrics={config.eval.metrics!r}: the name {name!r} is given twice "
+                      f"or is reserved")
+  if "top_k_accuracy" in names:
+    _positive(config, "eval.top_k")
 
 
 def _get(config, field):

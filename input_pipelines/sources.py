@@ -1,0 +1,188 @@
+"""The three forms a data builder may return for a split, checked and wrapped.
+
+1. `(features, labels)` numpy arrays: features an array or a dict of arrays,
+   axis 0 = examples  -> `ArraySource` (held in memory, gathered per batch);
+2. a random-access source: any object with `__len__()` and
+   `__getitem__(indices: int64 array) -> (features, labels)` numpy batches
+   -> `IndexedSource` (decoded on demand: the data need not fit in memory);
+3. a zero-argument callable returning an unbatched `tf.data.Dataset` of
+   `(features, labels)` -> `StreamSource` (opaque: it cannot be indexed, so a
+   resumed run fast-forwards it; see input_pipelines/batching.py).
+
+Who owns what: the user's code says what example k is; distloop owns which
+examples form each batch (the order), batching, the split across replicas and
+workers, parallel reads and prefetch. Checks here are numpy only (no
+TensorFlow): a bad source is one line naming the plug-in, before anything runs.
+"""
+from typing import Callable
+
+import numpy as np
+
+from input_pipelines.errors import DataError
+
+_PROBE = 2  # examples read from an indexed source to learn its structure
+
+
+def _leaves(features) -> dict:
+  """{'': array} for a bare array, else the dict itself."""
+  return features if isinstance(features, dict) else {"": features}
+
+
+def _describe(key: str) -> str:
+  return f"features[{key!r}]" if key else "features"
+
+
+class Source:
+  """A split of examples. `feature_name`: the serving input name of bare-array features."""
+  feature_name = "inputs"
+
+  def __init__(self, where: str):
+    self.where = where  # e.g. "data.name='tabular' train split", for messages
+
+
+class ArraySource(Source):
+  """Examples held in memory. `decode` (built-ins only) maps a batch of stored
+  features to what the model sees, in TensorFlow (e.g. uint8 -> float in [0, 1])."""
+
+  def __init__(self, features, labels, *, where: str, decode: Callable | None = None,
+               feature_name: str = "inputs"):
+    super().__init__(where)
+    self.features = features
+    self.labels = np.asarray(labels)
+    self.decode = decode
+    self.feature_name = feature_name
+    leaves = _leaves(features)
+    if not leaves:
+      raise DataError(f"{where}: features is an empty dict")
+    for key, value in leaves.items():
+      if not isinstance(value, np.ndarray):
+        raise DataError(f"{where}: {_describe(key)} is a {type(value).__name__}, "
+                        f"not a numpy array")
+      _check_dtype(where, _describe(key), value.dtype)
+      if value.ndim == 0 or len(value) != len(self.labels) or self.labels.ndim == 0:
+        raise DataError(f"{where}: {_describe(key)} has {len(value) if value.ndim else 0} "
+                        f"examples but labels has {len(self.labels) if self.labels.ndim else 0}")
+    _check_dtype(where, "labels", self.labels.dtype)
+    if len(self.labels) == 0:
+      raise DataError(f"{where}: the split is empty")
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  def __getitem__(self, indices):
+    take = lambda a: a[indices]  # pylint: disable=unnecessary-lambda-assignment
+    features = ({k: take(v) for k, v in self.features.items()}
+                if isinstance(self.features, dict) else take(self.features))
+    return features, take(self.labels)
+
+
+class IndexedSource(Source):
+  """A user's random-access source, read a batch of indices at a time.
+
+  `example_spec` is learnt from the first examples; `read(indices)` checks every
+  batch against it, so a source that changes shape or dtype midway fails with
+  a line naming it instead of a shape error deep inside TensorFlow.
+  """
+
+  def __init__(self, source, *, where: str):
+    super().__init__(where)
+    self.source = source
+    self.feature_name = getattr(source, "feature_name", Source.feature_name)
+    try:
+      self._length = int(len(source))
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f"{where}: len() raised {type(e).__name__}: {e}") from None
+    if self._length <= 0:
+      raise DataError(f"{where}: the split is empty (len() is {self._length})")
+    probe = np.arange(min(_PROBE, self._length), dtype=np.int64)
+    features, labels = self._call(probe)
+    self.structure = sorted(features) if isinstance(features, dict) else None
+    self.example_spec = {k: (v.shape[1:], v.dtype) for k, v in _leaves(features).items()}
+    self.example_spec["labels"] = (labels.shape[1:], labels.dtype)
+    self._check(probe, features, labels)
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitem__(self, indices):
+    return self.read(np.asarray(indices, dtype=np.int64))
+
+  def read(self, indices: np.ndarray):
+    features, labels = self._call(indices)
+    self._check(indices, features, labels)
+    return features, labels
+
+  def _call(self, indices: np.ndarray):
+    try:
+      batch = self.source[indices]
+    except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
+      raise DataError(f"{self.where}: reading examples {_span(indices)} raised "
+                      f"{type(e).__name__}: {str(e).strip()[:300]}") from None
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+      raise DataError(f"{self.where}: __getitem__ must return (features, labels), "
+                      f"got {type(batch).__name__}")
+    features, labels = batch
+    if isinstance(features, dict):
+      features = {k: np.asarray(v) for k, v in features.items()}
+    else:
+      features = np.asarray(features)
+    return features, np.asarray(labels)
+
+  def _check(self, indices, features, labels) -> None:
+    got_structure = sorted(features) if isinstance(features, dict) else None
+    if got_structure != self.structure:
+      raise DataError(f"{self.where}: examples {_span(indices)} have features "
+                      f"{got_structure or 'array'}, the first ones {self.structure or 'array'}")
+    arrays = {**_leaves(features), "labels": labels}
+    for key, value in arrays.items():
+      name = "labels" if key == "labels" else _describe(key)
+      shape, dtype = self.example_spec[key]
+      _check_dtype(self.where, name, value.dtype)
+      if value.ndim == 0 or value.shape[0] != len(indices):
+        raise DataError(f"{self.where}: {name} of a batch of {len(indices)} indices has shape "
+                        f"{value.shape}; axis 0 must be the {len(indices)} examples")
+      if value.shape[1:] != shape or value.dtype != dtype:
+        raise DataError(f"{self.where}: {name} of examples {_span(indices)} are "
+                        f"{value.dtype}{list(value.shape[1:])}, the first ones "
+                        f"{dtype}{list(shape)}; every example must have the same shape and dtype")
+
+
+class StreamSource(Source):
+  """A callable returning an unbatched tf.data.Dataset of (features, labels)."""
+
+  def __init__(self, make_dataset: Callable, *, where: str):
+    super().__init__(where)
+    self.make_dataset = make_dataset
+
+
+def as_source(value, where: str) -> Source:
+  """Wraps a builder's split in the matching form; DataError naming `where` otherwise."""
+  if isinstance(value, Source):
+    return value
+  if isinstance(value, tuple) and len(value) == 2:
+    return ArraySource(value[0], value[1], where=where)
+  if hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(
+      value, (list, dict, str, np.ndarray)):
+    return IndexedSource(value, where=where)
+  if callable(value):
+    return StreamSource(value, where=where)
+  raise DataError(f"{where}: a split must be (features, labels) arrays, a random-access "
+                  f"source (__len__ and __getitem__) or a callable returning a "
+                  f"tf.data.Dataset; got {type(value).__name__}")
+
+
+def as_splits(value, where: str) -> tuple[Source, Source]:
+  if not isinstance(value, (tuple, list)) or len(value) != 2:
+    raise DataError(f"{where} must return (train, eval), got {type(value).__name__}")
+  return as_source(value[0], f"{where} train split"), as_source(value[1], f"{where} eval split")
+
+
+def _check_dtype(where: str, name: str, dtype: np.dtype) -> None:
+  if dtype.kind not in "biuf" and dtype.kind != "S":
+    raise DataError(f"{where}: {name} has dtype {dtype}; use numbers, booleans or bytes")
+
+
+def _span(indices: np.ndarray) -> str:
+  if len(indices) == 0:
+    return "[]"
+  return f"{int(indices[0])}..{int(indices[-1])}" if len(indices) > 1 else str(int(indices[0]))

@@ -1,0 +1,72 @@
+"""`train.loss`: a built-in name or MODULE:FUNCTION, as `loss(labels, outputs) -> per-example`.
+
+Every loss returns one value per example ([batch]); the trainer sums them and
+divides by the *global* batch size (trainer/steps.py), so the all-reduced
+gradient is that of the global-batch mean for any replica count. Built-ins are
+plain tf.nn functions, not Keras `Loss` objects: with the TF backend a Keras
+`Loss` already scales by 1/num_replicas in a replica context, which would count
+the reduction twice.
+
+Cross-entropies take logits; their served output is `probabilities` (softmax or
+sigmoid), every other loss serves the raw outputs as `predictions`.
+"""
+import tensorflow as tf
+
+from trainer import plugins
+
+
+def _aligned(labels, outputs):
+  """Labels as float32 in the outputs' shape ([b] labels for [b, 1] outputs)."""
+  labels = tf.cast(labels, tf.float32)
+  if labels.shape.rank == outputs.shape.rank - 1 and outputs.shape[-1] == 1:
+    labels = labels[..., tf.newaxis]
+  return labels
+
+
+def _mean_over_example(values):
+  """[b, ...] -> [b]: the mean over everything but the batch axis."""
+  return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=-1)
+
+
+def sparse_categorical_crossentropy(labels, outputs):
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=outputs)
+
+
+def binary_crossentropy(labels, outputs):
+  return _mean_over_example(tf.nn.sigmoid_cross_entropy_with_logits(
+      labels=_aligned(labels, outputs), logits=outputs))
+
+
+def mean_squared_error(labels, outputs):
+  return _mean_over_example(tf.square(outputs - _aligned(labels, outputs)))
+
+
+def mean_absolute_error(labels, outputs):
+  return _mean_over_example(tf.abs(outputs - _aligned(labels, outputs)))
+
+
+BUILTINS = {
+    "sparse_categorical_crossentropy": sparse_categorical_crossentropy,
+    "binary_crossentropy": binary_crossentropy,
+    "mean_squared_error": mean_squared_error,
+    "mean_absolute_error": mean_absolute_error,
+}
+NAMES = tuple(BUILTINS)
+
+_SERVED = {"sparse_categorical_crossentropy": ("probabilities", tf.nn.softmax),
+           "binary_crossentropy": ("probabilities", tf.nn.sigmoid)}
+
+
+def resolve(name: str):
+  """The per-example loss function `train.loss` names."""
+  return plugins.resolve("train.loss", name, BUILTINS)
+
+
+def served_output(name: str):
+  """(output name, outputs -> served tensor) of the SavedModel for loss `name`."""
+  return _SERVED.get(name, ("predictions", tf.identity))
+
+
+def is_logits_loss(name: str) -> bool:
+  return name in _SERVED

@@ -1,0 +1,94 @@
+"""Plug-ins by name: a built-in name, or `MODULE:FUNCTION` naming the user's own code.
+
+MODULE is a dotted importable module (`my_project.models`) or a path to a `.py`
+file (`/work/my_project/models.py`, or relative to the working directory). A file
+is imported under its own name with its folder put on `sys.path`, so it may
+import its siblings. Every failure is a `UserError` naming the config field and
+the plug-in, so a typo is one line on stderr (exit 2), not a traceback.
+"""
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Callable
+
+from trainer.errors import UserError  # re-exported for registries
+
+
+
+def is_plugin(spec: str) -> bool:
+  """`MODULE:FUNCTION` rather than a built-in name."""
+  return ":" in spec
+
+
+def resolve(field: str, spec: str, builtins: dict[str, Callable] | None = None) -> Callable:
+  """The callable that `spec` (the value of config field `field`) names."""
+  if not is_plugin(spec):
+    if builtins is not None and spec in builtins:
+      return builtins[spec]
+    choices = ", ".join(builtins or ())
+    raise UserError(f"{field}={spec!r} is unknown (choose from: {choices}, "
+                    f"or MODULE:FUNCTION for your own)")
+  module_name, _, function_name = spec.rpartition(":")
+  if not module_name or not function_name.isidentifier():
+    raise UserError(f"{field}={spec!r} is not MODULE:FUNCTION")
+  module = _import(field, spec, module_name)
+  function = getattr(module, function_name, None)
+  if function is None:
+    raise UserError(f"{field}={spec!r}: {module_name} has no {function_name!r}")
+  if not callable(function):
+    raise UserError(f"{field}={spec!r}: {function_name} is not callable")
+  return function
+
+
+def name_of(spec: str) -> str:
+  """What a plug-in is reported as: FUNCTION of MODULE:FUNCTION, or the built-in name."""
+  return spec.rpartition(":")[2]
+
+
+def call(field: str, spec: str, function: Callable, *args):
+  """Calls a user's function; anything it raises becomes one line naming the plug-in."""
+  try:
+    return function(*args)
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
+    raise UserError(f"{field}={spec!r} raised {type(e).__name__}: {_first_line(e)}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _import(field: str, spec: str, module_name: str):
+  is_file = module_name.endswith(".py") or os.sep in module_name
+  try:
+    if not is_file:
+      return importlib.import_module(module_name)
+    path = os.path.abspath(module_name)
+    if not os.path.isfile(path):
+      raise UserError(f"{field}={spec!r}: no such file {path}")
+    folder, stem = os.path.split(path)
+    stem = stem[:-len(".py")] if stem.endswith(".py") else stem
+    if folder not in sys.path:
+      sys.path.insert(0, folder)
+    name = stem
+    if name in sys.modules:  # imported already, or a name taken (e.g. a user's models.py)
+      if getattr(sys.modules[name], "__file__", None) == path:
+        return sys.modules[name]
+      name = f"_distloop_plugin_{stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
+  except UserError:
+    raise
+  except ModuleNotFoundError as e:
+    raise UserError(f"{field}={spec!r}: cannot import {module_name} ({e})") from None
+  except Exception as e:  # pylint: disable=broad-except  (importing user code runs it)
+    raise UserError(f"{field}={spec!r}: importing {module_name} raised "
+                    f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip()
+  return (text.splitlines()[0] if text else type(error).__name__)[:300]
