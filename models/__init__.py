@@ -26,7 +26,7 @@ NAMES = tuple(_MODULES)
 def builder(model_config: ml_collections.ConfigDict):
   """The builder `model.name` names; UserError if it does not resolve."""
   if model_config.name in _MODULES:
-    return importlib.import_module(_MODULES[model_config.name]).build
+    return lambda *args: importlib.import_module(_MODULES[model_config.name]).build(*args)
   return plugins.resolve("model.name", model_config.name, dict.fromkeys(NAMES))
 
 

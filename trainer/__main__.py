@@ -44,20 +44,21 @@ def main(argv):
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     _fail(EXIT_BAD_INPUT, e)
-  except Exception as e:  # pylint: disable=broad-except
-    data_error = _data_error_inside(e)
-    if data_error is None:
-      raise
-    _fail(EXIT_BAD_INPUT, data_error)
   except (NonFiniteError, continuous_eval.Unfinished) as e:
     _fail(EXIT_FAILURE, e)
   except Preempted as e:
     logging.warning("%s", e)
     sys.exit(EXIT_PREEMPTED)
+  except Exception as e:  # pylint: disable=broad-except
+    data_error = _data_error_inside(e)
+    if data_error is None:
+      raise
+    _fail(EXIT_BAD_INPUT, data_error)
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
-  validation.check_config(config)
+  with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
+    validation.check_config(config)
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise UserError(f"--model_dir={model_dir} exists and is not a directory")
   if checkpoint_step is not None and mode != "eval":
