@@ -53,10 +53,10 @@ def _setup():
   """(strategy, splits, config): the runtime as trainer/runtime.py sets it up."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import input_pipelines  # pylint: disable=g-import-not-at-top
   from configs import synthetic  # pylint: disable=g-import-not-at-top
+  from input_pipelines import synthetic as synthetic_data  # pylint: disable=g-import-not-at-top
   config = synthetic.get_config()
-  splits = input_pipelines.load(config.data, _SEED)
+  splits = synthetic_data.build(config.data, _SEED)
   if _REPLICAS.value > 1:  # logical devices must exist before the runtime starts
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
@@ -67,6 +67,12 @@ def _setup():
     strategy = tf.distribute.get_strategy()
   keras.utils.set_random_seed(_SEED)
   return strategy, splits, config
+
+
+def _IMAGES_SPEC():  # pylint: disable=invalid-name
+  """The seed CNN's input, as distloop's pipeline delivers it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.TensorSpec([None, 28, 28, 1], tf.float32)
 
 
 def _in_memory_dataset(splits):
@@ -106,7 +112,7 @@ def _fit() -> dict:
   import models  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
   with strategy.scope():
-    model = models.build(config.model)
+    model = models.build(config.model, _IMAGES_SPEC())
     model.compile(optimizer=keras.optimizers.Adam(config.train.learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"],  # distloop computes loss and accuracy too
@@ -123,7 +129,7 @@ def _bare() -> dict:
   import models  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
   with strategy.scope():
-    model = models.build(config.model)
+    model = models.build(config.model, _IMAGES_SPEC())
     optimizer = keras.optimizers.Adam(config.train.learning_rate)
     # Slots now: created lazily inside the tf.function, they break the 2-replica
     # trace ("You must feed a value for placeholder tensor ... in cond").
@@ -156,7 +162,7 @@ def _pipeline() -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
-  dataset = batching.train_dataset(splits, seed=config.runtime.seed,
+  dataset = batching.train_dataset(splits.sources("synthetic")[0], seed=config.runtime.seed,
                                    global_batch_size=_BATCH.value, start_example=0)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
 

@@ -5,7 +5,7 @@ config file (`--config=path/to/my_config.py`) works too.
 """
 import os
 
-NAMES = ("mnist_cnn", "synthetic")
+NAMES = ("synthetic", "mnist_cnn", "tabular", "regression", "image_folder")
 
 
 def path_of(name: str) -> str:

@@ -1,14 +1,17 @@
 """Every config value is checked, and the error names the field."""
 import pytest
 
-from configs import mnist_cnn, synthetic
+import importlib
+
+import configs
+from configs import synthetic
 from trainer import validation
 from trainer.errors import UserError
 
 
-@pytest.mark.parametrize("get_config", [synthetic.get_config, mnist_cnn.get_config])
-def test_shipped_configs_are_valid(get_config):
-  validation.check_config(get_config())
+@pytest.mark.parametrize("name", configs.NAMES)
+def test_shipped_configs_are_valid(name):
+  validation.check_config(importlib.import_module(f"configs.{name}").get_config())
 
 
 @pytest.mark.parametrize("field, value, message", [
