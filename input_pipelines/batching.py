@@ -30,12 +30,14 @@ _FOREVER = np.iinfo(np.int64).max
 
 
 def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_example: int,
-                  preprocess: Callable | None = None, salted: bool = False) -> tf.data.Dataset:
+                  preprocess: Callable | None = None, salted: bool = False,
+                  decode_on_device: bool = False) -> tf.data.Dataset:
   """Infinite stream of global batches `(features, labels)`, from example `start_example`.
 
   `salted`: for asynchronous (parameter-server) workers, which cannot share one
   stream; each adds the clock at which it builds the pipeline to the seed, so
-  no two workers read the same order.
+  no two workers read the same order. `decode_on_device`: leave the source's
+  decode (`device_decoder`) to the train step.
   """
   if isinstance(source, StreamSource):
     examples = (source.make_dataset().repeat().skip(start_example)
@@ -58,7 +60,7 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
                .skip(offset)
                .enumerate(start_example)
                .batch(global_batch_size, drop_remainder=True))
-    read = _reader(source)
+    read = _reader(source, decode=not decode_on_device)
     positioned = indices.map(lambda positions, rows: (positions, *read(rows)),
                              num_parallel_calls=tf.data.AUTOTUNE)
   if preprocess is not None:
@@ -66,15 +68,23 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
   return _finish(positioned.map(lambda positions, features, labels: (features, labels)))
 
 
-def eval_dataset(source: Source, *, global_batch_size: int) -> tf.data.Dataset:
+def eval_dataset(source: Source, *, global_batch_size: int,
+                 decode_on_device: bool = False) -> tf.data.Dataset:
   """Every eval example exactly once, in source order; the last batch may be partial."""
   if isinstance(source, StreamSource):
     return _finish(source.make_dataset().batch(global_batch_size))
   indices = tf.data.Dataset.range(len(source)).batch(global_batch_size)
-  return _finish(indices.map(_reader(source), num_parallel_calls=tf.data.AUTOTUNE))
+  return _finish(indices.map(_reader(source, decode=not decode_on_device),
+                             num_parallel_calls=tf.data.AUTOTUNE))
 
 
-def _reader(source: Source) -> Callable:
+def device_decoder(source: Source) -> Callable | None:
+  """The source's batch decode (e.g. uint8 images -> float32 in [0, 1]), for the step to
+  run on the device: the host then feeds 4x fewer bytes. None if it has none."""
+  return getattr(source, "decode", None)
+
+
+def _reader(source: Source, decode: bool = True) -> Callable:
   """`rows (int64 [b]) -> (features, labels)` batch, in TensorFlow."""
   if isinstance(source, ArraySource):
     # Held in the graph and gathered per batch: one vectorized op.
@@ -83,7 +93,7 @@ def _reader(source: Source) -> Callable:
 
     def gather(rows):
       batch = tf.nest.map_structure(lambda a: tf.gather(a, rows), features)
-      if source.decode is not None:
+      if decode and source.decode is not None:
         batch = source.decode(batch)
       return batch, tf.gather(labels, rows)
     return gather

@@ -129,10 +129,12 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       self.loss_scale = (loss_scale.DynamicLossScale()
                          if config.runtime.mixed_precision == "float16" else None)
-      self._train_metrics = steps.MetricSums("train", loss_fn, metric_fns)
-    # Eval runs under the strategy, except with a coordinator: there it runs right here.
-    with contextlib.nullcontext() if self.coordinator else strategy.scope():
-      self._eval_metrics = steps.MetricSums("eval", loss_fn, metric_fns)
+    self._totals = steps.Totals(loss_fn, metric_fns)
+    # uint8 images cross to the device and are scaled there (unless a per-example
+    # preprocess must see them decoded first, in tf.data).
+    self._device_decode = (batching.device_decoder(self.train_source)
+                           if self._preprocess is None else None)
+    jit_compile = runtime.jit_compile(config.runtime, strategy)
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
@@ -148,17 +150,18 @@ class Trainer:
                                             enabled=self.is_chief)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
-          self.coordinator, self.model, self.optimizer, self._train_metrics,
+          self.coordinator, self.model, self.optimizer, self._totals,
           global_batch_size=config.train.global_batch_size,
           num_workers=runtime.num_workers(strategy), loss_scale=self.loss_scale,
-          jit_compile=config.runtime.jit_compile, clip_norm=config.train.clip_grad_norm)
+          jit_compile=jit_compile, clip_norm=config.train.clip_grad_norm,
+          decode=self._device_decode)
     else:
       self._train_loop = steps.make_train_loop(
-          strategy, self.model, self.optimizer, self._train_metrics,
+          strategy, self.model, self.optimizer, self._totals,
           global_batch_size=config.train.global_batch_size,
           communication_options=runtime.communication_options(config.runtime),
-          loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile,
-          clip_norm=config.train.clip_grad_norm)
+          loss_scale=self.loss_scale, jit_compile=jit_compile,
+          clip_norm=config.train.clip_grad_norm, decode=self._device_decode)
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._rollbacks = 0
     self._eval_seconds = 0.0
@@ -201,7 +204,7 @@ class Trainer:
               else contextlib.nullcontext()):
           weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
         record_graph = False
-        train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
+        train_metrics = self._totals.result(totals)  # host sync: waits for the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
         if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
@@ -257,17 +260,17 @@ class Trainer:
     """The loss and every metric over every eval example exactly once."""
     start = time.perf_counter()
     if self._eval_pass is None:
+      decode = batching.device_decoder(self.eval_source)
       dataset = batching.eval_dataset(self.eval_source,
-                                      global_batch_size=self.config.eval.global_batch_size)
+                                      global_batch_size=self.config.eval.global_batch_size,
+                                      decode_on_device=decode is not None)
       if self.coordinator:
-        self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset)
+        self._eval_pass = steps.make_eval_pass(None, self.model, self._totals, dataset, decode)
       else:
         self._eval_pass = steps.make_eval_pass(
-            self.strategy, self.model, self._eval_metrics,
-            self.strategy.experimental_distribute_dataset(dataset))
-    self._eval_metrics.reset()
-    self._eval_pass()
-    result = self._eval_metrics.result()  # host sync
+            self.strategy, self.model, self._totals,
+            self.strategy.experimental_distribute_dataset(dataset), decode)
+    result = self._totals.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name]
                                           for name in ("loss", *self._metric_names)})
     self.summaries.flush()
@@ -319,11 +322,12 @@ class Trainer:
                  _eta(self.config.train.steps - step, loop_seconds / num_steps))
 
   def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
-                     salted: bool = False) -> tf.data.Dataset:
+                     salted: bool = False, decode_on_device: bool = False) -> tf.data.Dataset:
     return batching.train_dataset(
         self.train_source, seed=self.config.runtime.seed,
         global_batch_size=global_batch_size or self.config.train.global_batch_size,
-        start_example=start_example, preprocess=self._preprocess, salted=salted)
+        start_example=start_example, preprocess=self._preprocess, salted=salted,
+        decode_on_device=decode_on_device)
 
   # -- state in and out ---------------------------------------------------------
 
@@ -407,7 +411,8 @@ class Trainer:
 
   def _batches_from(self, position: Position):
     def dataset(salted=False):
-      return self._train_dataset(start_example=position.examples, salted=salted)
+      return self._train_dataset(start_example=position.examples, salted=salted,
+                                 decode_on_device=self._device_decode is not None)
     if self.coordinator:
       # Asynchronous workers cannot split one stream exactly: each reads its own
       # order of the data (a per-worker salt), from the checkpointed position.

@@ -121,6 +121,17 @@ def serve(resolver) -> None:
   server.join()
 
 
+def jit_compile(runtime_config: ml_collections.ConfigDict,
+                strategy: tf.distribute.Strategy) -> bool:
+  """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:
+  several times faster on a GPU at small batch, slower for the seed CNN on a CPU)."""
+  if runtime_config.jit_compile != "auto":
+    return runtime_config.jit_compile == "true"
+  if isinstance(strategy, tf.distribute.TPUStrategy):
+    return True
+  return bool(tf.config.list_logical_devices("GPU"))
+
+
 def communication_options(runtime_config: ml_collections.ConfigDict):
   """How the trainer's one gradient all-reduce is packed and implemented."""
   implementation = {
