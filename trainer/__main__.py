@@ -53,7 +53,9 @@ def main(argv):
     data_error = _data_error_inside(e)
     if data_error is None:
       raise
-    _fail(EXIT_BAD_INPUT, data_error)
+    # tf.data threads may still be inside the source's __getitem__: a normal interpreter
+    # shutdown can wait on them forever, so leave at once (the trainer is closed).
+    _fail(EXIT_BAD_INPUT, data_error, immediately=True)
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
@@ -220,10 +222,14 @@ def _parse_flags(argv: list[str]) -> list[str]:
                              " (configs/common.py lists every field)"))
 
 
-def _fail(code: int, error) -> None:
+def _fail(code: int, error, immediately: bool = False) -> None:
   """One line on stderr, no traceback."""
   message = " ".join(str(error).split())
   print(f"distloop: error: {message}", file=sys.stderr)
+  if immediately:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
 
