@@ -129,7 +129,9 @@ def jit_compile(runtime_config: ml_collections.ConfigDict,
     return runtime_config.jit_compile == "true"
   if isinstance(strategy, tf.distribute.TPUStrategy):
     return True
-  return bool(tf.config.list_logical_devices("GPU"))
+  # XLA on a GPU has no deterministic kernels for some gradients (MaxPool's, TF 2.21):
+  # runtime.deterministic wins.
+  return bool(tf.config.list_logical_devices("GPU")) and not runtime_config.deterministic
 
 
 def communication_options(runtime_config: ml_collections.ConfigDict):
