@@ -316,3 +316,13 @@ def test_fewer_model_classes_than_class_folders_is_refused(folder, tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   assert "model.num_classes" in result.error_lines()[-1]
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_more_model_classes_than_class_folders_is_refused_naming_both(folder, tmp_path):
+  result = cli.run_trainer(tmp_path / "run", "--config=image_folder", f"--config.data.dir={folder}",
+                           "--config.model.num_classes=4", "--config.train.steps=10",
+                           timeout=180)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert len(result.error_lines()) == 1
+  assert "has 3 classes" in result.stderr and "set model.num_classes=3?" in result.stderr
+  assert not (tmp_path / "run").exists()
