@@ -39,19 +39,24 @@ class Totals:
   def zeros(self):
     return tf.zeros([self.size], tf.float64)
 
-  def of_batch(self, per_example_loss, outputs, labels):
-    """The sums of one batch: its example count, loss and metrics."""
+  def of_batch(self, per_example_loss, outputs, labels, norm=None, may_overflow=False):
+    """The sums of one batch (its example count, loss and metrics) and of one step's
+    gradient norm, as one vector: a handful of ops, since it runs every step.
+    `may_overflow` (float16): a non-finite norm is left out of the average."""
     values = [per_example_loss] + [fn(labels, outputs) for fn in self._metric_fns.values()]
     sums = [tf.reduce_sum(tf.cast(v, tf.float64)) for v in values]
-    count = tf.cast(tf.shape(per_example_loss)[0], tf.float64)
-    return tf.pad(tf.stack([count, *sums]), [[0, 2]])
-
-  def of_norm(self, norm):
-    """One step's gradient norm, counted only if finite (a float16 overflow is skipped)."""
-    finite = tf.math.is_finite(norm)
-    pair = tf.stack([tf.where(finite, tf.cast(norm, tf.float64), 0.0),
-                     tf.where(finite, tf.constant(1.0, tf.float64), 0.0)])
-    return tf.pad(pair, [[self.size - 2, 0]])
+    batch = per_example_loss.shape[0]  # static for training batches: no op
+    count = (tf.constant(float(batch), tf.float64) if batch is not None
+             else tf.cast(tf.shape(per_example_loss)[0], tf.float64))
+    zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
+    if norm is None:
+      norm_pair = [zero, zero]
+    elif may_overflow:
+      finite = tf.math.is_finite(norm)
+      norm_pair = [tf.where(finite, tf.cast(norm, tf.float64), zero), tf.where(finite, one, zero)]
+    else:
+      norm_pair = [tf.cast(norm, tf.float64), one]
+    return tf.stack([count, *sums, *norm_pair])
 
   def result(self, totals) -> dict:
     """Host sync: {"loss", each metric, "examples"[, "grad_norm"]} from a loop's totals."""
@@ -96,11 +101,11 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
       if loss_scale is not None:  # float16: keep small gradients from underflowing
         loss = loss_scale.scale_loss(loss)
-    return tape.gradient(loss, variables), totals.of_batch(per_example_loss, outputs, labels)
+    return tape.gradient(loss, variables), per_example_loss, outputs
 
   def replica_step(batch, running):
     features, labels = batch
-    grads, batch_sums = forward_backward(features, labels)
+    grads, per_example_loss, outputs = forward_backward(features, labels)
     context = tf.distribute.get_replica_context()
     # The one and only gradient reduction (see trainer/optimizers.py for why).
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads,
@@ -117,7 +122,8 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
             strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_,
             jit_compile=compile_pieces),
         args=(reduced, finite))
-    return running + batch_sums + totals.of_norm(norm)
+    return running + totals.of_batch(per_example_loss, outputs, labels, norm,
+                                     may_overflow=loss_scale is not None)
 
   if fuse_whole_step:
     return tf.function(replica_step, jit_compile=True, autograph=False)
