@@ -145,7 +145,7 @@ class Trainer:
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
-                                            enabled=self.is_chief)
+                                            trace=self.is_chief)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
           self.coordinator, self.model, self.optimizer, self._train_metrics,
