@@ -332,15 +332,27 @@ class Trainer:
 
     An unreadable step (files deleted or truncated) is set aside with a warning
     and the one before it is tried; a step of another model is refused (exit 2).
+
+    With several workers the chief's list of steps decides (a worker's list may be
+    stale, or a step half-visible on shared storage): the chief names each step to
+    try, every worker reads it, and all of them go on to the one before it unless
+    every worker could. The same number of collectives runs on every worker.
     """
-    for step in reversed(self.checkpoints.all_steps()):
+    self.checkpoints.wait()  # the chief's own pending save is a step to consider
+    self.checkpoints.reload()
+    step = self.agreement.chiefs(self._step_before(None))
+    while step >= 0:
       position = self.restore(step)
-      # Every worker lists the same shared directory; all of them must have read
-      # this step, or all go on to the one before it.
       if self.agreement.all(position is not None):
         logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
         return position
+      step = self.agreement.chiefs(self._step_before(step))
     return None
+
+  def _step_before(self, step: int | None) -> int:
+    """The newest checkpoint step below `step` (None: the newest of all); -1 if none."""
+    earlier = [s for s in self.checkpoints.all_steps() if step is None or s < step]
+    return earlier[-1] if earlier else -1
 
   def restore(self, step: int) -> Position | None:
     """The position of `step` once loaded; None if it is unreadable (then set aside)."""
@@ -395,7 +407,6 @@ class Trainer:
     if self._rollbacks >= self.config.train.max_rollbacks:
       raise NonFiniteError(f"{what} {where} after {self._rollbacks} rollback(s) "
                            f"(train.max_rollbacks); stopped ({self._last_checkpoint()})")
-    self.checkpoints.wait()
     restored = self.restore_latest()
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
