@@ -199,12 +199,12 @@ class Trainer:
         loop_start = time.perf_counter()
         with (self.summaries.graph_of_first_call(position.step) if record_graph
               else contextlib.nullcontext()):
-          weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
+          state_finite, totals = self._train_loop(batches, tf.constant(num_steps))
         record_graph = False
         train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
-        if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
+        if not (math.isfinite(train_metrics["loss"]) and bool(state_finite)):
           position = self._roll_back(position, reached, train_metrics["loss"])
           batches = self._batches_from(position)
           continue
@@ -288,12 +288,21 @@ class Trainer:
 
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
+      if position.step in self._best_checkpoints.all_steps():
+        # Evaluated again after a rollback (or a restart from an earlier step).
+        logging.info("step %d is in %s already: kept as it is", position.step,
+                     self._best_checkpoints.directory)
+        return
       metric = self.config.checkpoint.best_metric
       self._best_checkpoints.save(position.step, *self._snapshot(position),
                                   metrics={metric: eval_metrics[metric]})
 
   def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
-    """Host copies of the state to save: model tree, optimizer tree, meta."""
+    """Host copies of the state to save: model tree, optimizer tree, meta.
+
+    The loop boundary has checked the state already (and rolled back if asked to);
+    this is the last guard: non-finite state never becomes a checkpoint.
+    """
     model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
     optimizer_tree = checkpoints.variables_tree(self._optimizer_state())
     bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
@@ -378,6 +387,13 @@ class Trainer:
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     return Position(step, int(meta["examples_consumed"]))
 
+  def _non_finite_state(self) -> list[str]:
+    """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
+    return [f"{item}/{key}" for item, variables in
+            (("model", checkpoints.model_variables(self.model)),
+             ("optimizer", self._optimizer_state()))
+            for key in checkpoints.non_finite_keys(checkpoints.variables_tree(variables))]
+
   def _optimizer_state(self) -> dict:
     """Checkpoint keys -> variables of the optimizer, and of the loss scale if any."""
     state = checkpoints.optimizer_variables(self.optimizer)
@@ -397,9 +413,11 @@ class Trainer:
     return Position(0, 0)
 
   def _roll_back(self, position: Position, reached: Position, loss: float) -> Position:
-    """Non-finite loss or weights in the loop that ended at `reached`."""
-    what = (f"non-finite loss ({loss})" if not math.isfinite(loss) else "non-finite weights")
-    where = f"in steps {position.step + 1}..{reached.step}"
+    """Non-finite loss, weights or optimizer state in the loop that ended at `reached`."""
+    what = (f"non-finite loss ({loss})" if not math.isfinite(loss)
+            else f"non-finite values in {(self._non_finite_state() or ['the state'])[0]}")
+    where = (f"in steps {position.step + 1}..{reached.step}"
+             if reached.step > position.step + 1 else f"in step {reached.step}")
     policy = self.config.train.nonfinite_policy
     if policy == "stop":
       raise NonFiniteError(f"{what} {where}; stopped without saving them "

@@ -124,14 +124,18 @@ def _make_replica_step(model, optimizer, metrics: MetricSums, *, global_batch_si
   return replica_step
 
 
-def _all_finite(variables):
+def _state_finite(model, optimizer):
+  """Whether every floating-point weight and optimizer slot is finite: a slot can
+  overflow (Adam's second moment) while the loss and the weights still look fine."""
+  variables = [v for v in model.variables + optimizer.variables
+               if tf.as_dtype(v.dtype).is_floating]
   return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
 
 def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
                     global_batch_size: int, communication_options, loss_scale=None,
                     jit_compile: bool = False, clip_norm: float = 0.0):
-  """Returns `train_loop(iterator, num_steps) -> (weights_finite, metric totals)`: the
+  """Returns `train_loop(iterator, num_steps) -> (state_finite, metric totals)`: the
   metrics reset, `num_steps` steps and the metrics read, in one tf.function call."""
   replica_step = _make_replica_step(model, optimizer, metrics, global_batch_size=global_batch_size,
                                     communication_options=communication_options,
@@ -140,12 +144,12 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 
   @tf.function
   def train_loop(iterator, num_steps):
-    """Runs `num_steps` steps; returns whether every weight is still finite and the
-    metric totals (on device, so the loop boundary reads both in one host sync)."""
+    """Runs `num_steps` steps; returns whether every weight and optimizer slot is still
+    finite and the metric totals (on device, so the loop boundary reads both in one host sync)."""
     metrics.reset()
     for _ in tf.range(num_steps):
       strategy.run(replica_step, args=(next(iterator),))
-    return _all_finite(model.trainable_variables), metrics.totals()
+    return _state_finite(model, optimizer), metrics.totals()
 
   return train_loop
 
@@ -153,7 +157,7 @@ def make_train_loop(strategy, model, optimizer, metrics: MetricSums, *,
 def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: MetricSums, *,
                                      global_batch_size: int, num_workers: int, loss_scale=None,
                                      jit_compile: bool = False, clip_norm: float = 0.0):
-  """The same `train_loop(per_worker_iterator, num_steps) -> (weights_finite, totals)`,
+  """The same `train_loop(per_worker_iterator, num_steps) -> (state_finite, totals)`,
   asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
@@ -172,8 +176,8 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: Met
       strategy.run(replica_step, args=(next(iterator),))
 
   @tf.function
-  def weights_finite():
-    return _all_finite(model.trainable_variables)
+  def state_finite():
+    return _state_finite(model, optimizer)
 
   def train_loop(per_worker_iterator, num_steps):
     metrics.reset()  # the variables live on the parameter servers
@@ -183,7 +187,7 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, metrics: Met
       chunk = num_steps // pieces + (1 if i < num_steps % pieces else 0)
       coordinator.schedule(worker_steps, args=(per_worker_iterator, tf.constant(chunk)))
     coordinator.join()  # host sync: every scheduled step has run
-    return weights_finite(), metrics.totals()
+    return state_finite(), metrics.totals()
 
   return train_loop
 
