@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import time
+from typing import Callable
 
 from absl import logging
 import ml_collections
@@ -95,7 +96,8 @@ class Trainer:
           read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
           log; TensorBoard
           SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
-          evaluate if due (and keep the best); checkpoint if due (async)
+          evaluate if due (and keep the best)
+          checkpoint if due by steps, or by the chief's clock (async)
       wait for saves; export; summary.json
 
   Constructing a Trainer builds the model and optimizer under the strategy;
@@ -104,7 +106,7 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
                strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
-               read_only: bool = False):
+               read_only: bool = False, clock: Callable[[], float] = time.monotonic):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
@@ -160,6 +162,7 @@ class Trainer:
           loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile,
           clip_norm=config.train.clip_grad_norm)
     self._eval_pass = None  # built on first use: the eval data is distributed once
+    self._save_timer = periodic.AfterSeconds(config.checkpoint.interval_seconds, clock)
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
@@ -190,6 +193,7 @@ class Trainer:
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
+      self._save_timer.restart()
       while position.step < total:
         self.profiler.at_boundary(position.step)
         num_steps = min(config.train.steps_per_loop, total - position.step,
@@ -212,7 +216,11 @@ class Trainer:
         throughput.add(num_steps * batch_size, loop_seconds)
         self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
 
-        if watcher.stop_agreed():
+        # One collective for both: a signal on any worker stops them all; the chief's
+        # clock says whether checkpoint.interval_seconds passed (clocks differ).
+        stop, save_by_clock = self.agreement.share(
+            any_of=watcher.requested, chiefs=1.0 if self._save_timer.due() else 0.0)
+        if stop:
           self.save(position)
           self.checkpoints.wait()
           raise Preempted(position.step)
@@ -220,6 +228,10 @@ class Trainer:
           eval_metrics = self.evaluate(position.step)
           self._keep_if_best(position, eval_metrics)
         if checkpoint_due.due(position.step):
+          self.save(position)
+        elif save_by_clock:
+          logging.info("checkpoint.interval_seconds passed on the chief's clock: saving step %d",
+                       position.step)
           self.save(position)
 
     self.checkpoints.wait()  # the final step is on disk before anything reports it
@@ -281,6 +293,7 @@ class Trainer:
     if self.checkpoints.latest_step() == position.step:
       return
     blocked = self.checkpoints.save(position.step, *self._snapshot(position))
+    self._save_timer.restart()
     self._checkpoint_seconds += blocked
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,

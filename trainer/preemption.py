@@ -45,6 +45,11 @@ class PreemptionWatcher:
       logging.warning("%s: saving a checkpoint at the next loop boundary, then exiting 42", name)
     self._requested.set()
 
+  @property
+  def requested(self) -> bool:
+    """A signal reached this process (its own view: agree on it before acting)."""
+    return self._requested.is_set()
+
   def stop_agreed(self) -> bool:
     """Every worker calls this at every loop boundary; True on all of them or none."""
     return self._agreement.any(self._requested.is_set())
