@@ -7,6 +7,8 @@ rollback tests).
 - `exploding_gradient_loss`: a `train.loss` whose value is the cross-entropy but whose
   gradient is 1e25 times it: Adam's second moment overflows to Inf while the loss and
   the weights stay finite (m / sqrt(Inf) = 0), so only an optimizer slot is non-finite.
+- `large_loss`: 1e4 times the cross-entropy: under float16 its gradients overflow at
+  the initial loss scale (2**15) until the scale has been halved enough.
 """
 import tensorflow as tf
 
@@ -24,3 +26,8 @@ def exploding_gradient_loss(labels, outputs):
                                                         logits=outputs)
   huge = 1e25 * loss
   return loss + (huge - tf.stop_gradient(huge))  # the same value, a 1e25 times larger gradient
+
+
+def large_loss(labels, outputs):
+  return 1e4 * tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=tf.cast(labels, tf.int32), logits=outputs)
