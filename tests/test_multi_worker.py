@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -196,6 +197,22 @@ def test_rollback_restores_the_same_step_on_every_worker(tmp_path):
     assert rolled_back == ["20"], (task, job.output[-3000:])
   assert_same_state(checkpoint_arrays(tmp_path / "two_workers", _STEPS),
                     checkpoint_arrays(reference, _STEPS), atol=1e-5)
+
+
+@pytest.mark.parametrize("cluster, task, workers, chief", [
+    ({"chief": ["a:1"], "worker": ["b:1"]}, ("worker", 0), 2, False),
+    ({"chief": ["a:1"], "worker": ["b:1"]}, ("chief", 0), 2, True),
+    ({"worker": ["a:1", "b:1"]}, ("worker", 0), 2, True),
+    ({"worker": ["a:1"]}, ("worker", 0), 1, True),
+], ids=["worker-beside-a-chief", "chief-beside-a-worker", "two-workers", "one-worker"])
+def test_every_chief_and_worker_task_counts(monkeypatch, cluster, task, workers, chief):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from trainer import runtime  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                              "task": {"type": task[0], "index": task[1]}}))
+  strategy = types.SimpleNamespace(
+      cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver())
+  assert runtime.num_workers(strategy) == workers and runtime.is_chief(strategy) == chief
 
 
 def test_chief_and_worker_stop_together_and_resume(tmp_path, two_replicas):
