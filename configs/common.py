@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved
+  config.checkpoint.interval_seconds = 0.0  # also save when this much wall time passed since the last save (at a loop boundary); 0 = off
   config.checkpoint.max_to_keep = 3    # newest checkpoints kept on disk
   config.checkpoint.async_save = True  # write in the background while training goes on
   config.checkpoint.keep_period = 0    # also keep every step divisible by this forever; 0 = off

@@ -139,15 +139,22 @@ class Checkpoints:
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
            metrics: dict | None = None) -> float:
-    """Starts saving `step`; returns the seconds training was blocked."""
-    if not self._writer:
+    """Starts saving `step`; returns the seconds training was blocked.
+
+    A step already here is kept as it is: orbax never writes a step twice (it
+    raises StepAlreadyExistsError when asked to).
+    """
+    if not self._writer or step in self.all_steps():
       return 0.0
     start = time.perf_counter()
     os.makedirs(self.directory, exist_ok=True)
-    self._manager.save(step, metrics=metrics, args=ocp.args.Composite(
-        model=ocp.args.StandardSave(model_tree),
-        optimizer=ocp.args.StandardSave(optimizer_tree),
-        meta=ocp.args.JsonSave(meta)))
+    # A keep-best manager ranks steps by metric, not by age: after a rollback it must
+    # still take a step older than its newest one (orbax skips those unless forced).
+    self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
+                       args=ocp.args.Composite(
+                           model=ocp.args.StandardSave(model_tree),
+                           optimizer=ocp.args.StandardSave(optimizer_tree),
+                           meta=ocp.args.JsonSave(meta)))
     return time.perf_counter() - start
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None):

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import time
+from typing import Callable
 
 from absl import logging
 import ml_collections
@@ -95,7 +96,8 @@ class Trainer:
           read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
           log; TensorBoard
           SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
-          evaluate if due (and keep the best); checkpoint if due (async)
+          evaluate if due (and keep the best)
+          checkpoint if due by steps, or by the chief's clock (async)
       wait for saves; export; summary.json
 
   Constructing a Trainer builds the model and optimizer under the strategy;
@@ -104,7 +106,7 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
                strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
-               read_only: bool = False):
+               read_only: bool = False, clock: Callable[[], float] = time.monotonic):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
@@ -147,7 +149,7 @@ class Trainer:
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
-                                            enabled=self.is_chief)
+                                            trace=self.is_chief)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
           self.coordinator, self.model, self.optimizer, self._totals,
@@ -163,6 +165,7 @@ class Trainer:
           loss_scale=self.loss_scale, jit_compile=jit_compile,
           clip_norm=config.train.clip_grad_norm, decode=self._device_decode)
     self._eval_pass = None  # built on first use: the eval data is distributed once
+    self._save_timer = periodic.AfterSeconds(config.checkpoint.interval_seconds, clock)
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
@@ -193,6 +196,7 @@ class Trainer:
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
+      self._save_timer.restart()
       while position.step < total:
         self.profiler.at_boundary(position.step)
         num_steps = min(config.train.steps_per_loop, total - position.step,
@@ -202,12 +206,12 @@ class Trainer:
         loop_start = time.perf_counter()
         with (self.summaries.graph_of_first_call(position.step) if record_graph
               else contextlib.nullcontext()):
-          weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
+          state_finite, totals = self._train_loop(batches, tf.constant(num_steps))
         record_graph = False
         train_metrics = self._totals.result(totals)  # host sync: waits for the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
-        if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
+        if not (math.isfinite(train_metrics["loss"]) and bool(state_finite)):
           position = self._roll_back(position, reached, train_metrics["loss"])
           batches = self._batches_from(position)
           continue
@@ -215,7 +219,11 @@ class Trainer:
         throughput.add(num_steps * batch_size, loop_seconds)
         self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
 
-        if watcher.stop_agreed():
+        # One collective for both: a signal on any worker stops them all; the chief's
+        # clock says whether checkpoint.interval_seconds passed (clocks differ).
+        stop, save_by_clock = self.agreement.share(
+            any_of=watcher.requested, chiefs=1.0 if self._save_timer.due() else 0.0)
+        if stop:
           self.save(position)
           self.checkpoints.wait()
           raise Preempted(position.step)
@@ -223,6 +231,10 @@ class Trainer:
           eval_metrics = self.evaluate(position.step)
           self._keep_if_best(position, eval_metrics)
         if checkpoint_due.due(position.step):
+          self.save(position)
+        elif save_by_clock:
+          logging.info("checkpoint.interval_seconds passed on the chief's clock: saving step %d",
+                       position.step)
           self.save(position)
 
     self.checkpoints.wait()  # the final step is on disk before anything reports it
@@ -284,6 +296,7 @@ class Trainer:
     if self.checkpoints.latest_step() == position.step:
       return
     blocked = self.checkpoints.save(position.step, *self._snapshot(position))
+    self._save_timer.restart()
     self._checkpoint_seconds += blocked
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
@@ -291,12 +304,21 @@ class Trainer:
 
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
+      if position.step in self._best_checkpoints.all_steps():
+        # Evaluated again after a rollback (or a restart from an earlier step).
+        logging.info("step %d is in %s already: kept as it is", position.step,
+                     self._best_checkpoints.directory)
+        return
       metric = self.config.checkpoint.best_metric
       self._best_checkpoints.save(position.step, *self._snapshot(position),
                                   metrics={metric: eval_metrics[metric]})
 
   def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
-    """Host copies of the state to save: model tree, optimizer tree, meta."""
+    """Host copies of the state to save: model tree, optimizer tree, meta.
+
+    The loop boundary has checked the state already (and rolled back if asked to);
+    this is the last guard: non-finite state never becomes a checkpoint.
+    """
     model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
     optimizer_tree = checkpoints.variables_tree(self._optimizer_state())
     bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
@@ -336,15 +358,27 @@ class Trainer:
 
     An unreadable step (files deleted or truncated) is set aside with a warning
     and the one before it is tried; a step of another model is refused (exit 2).
+
+    With several workers the chief's list of steps decides (a worker's list may be
+    stale, or a step half-visible on shared storage): the chief names each step to
+    try, every worker reads it, and all of them go on to the one before it unless
+    every worker could. The same number of collectives runs on every worker.
     """
-    for step in reversed(self.checkpoints.all_steps()):
+    self.checkpoints.wait()  # the chief's own pending save is a step to consider
+    self.checkpoints.reload()
+    step = self.agreement.chiefs(self._step_before(None))
+    while step >= 0:
       position = self.restore(step)
-      # Every worker lists the same shared directory; all of them must have read
-      # this step, or all go on to the one before it.
       if self.agreement.all(position is not None):
         logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
         return position
+      step = self.agreement.chiefs(self._step_before(step))
     return None
+
+  def _step_before(self, step: int | None) -> int:
+    """The newest checkpoint step below `step` (None: the newest of all); -1 if none."""
+    earlier = [s for s in self.checkpoints.all_steps() if step is None or s < step]
+    return earlier[-1] if earlier else -1
 
   def restore(self, step: int) -> Position | None:
     """The position of `step` once loaded; None if it is unreadable (then set aside)."""
@@ -370,6 +404,13 @@ class Trainer:
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     return Position(step, int(meta["examples_consumed"]))
 
+  def _non_finite_state(self) -> list[str]:
+    """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
+    return [f"{item}/{key}" for item, variables in
+            (("model", checkpoints.model_variables(self.model)),
+             ("optimizer", self._optimizer_state()))
+            for key in checkpoints.non_finite_keys(checkpoints.variables_tree(variables))]
+
   def _optimizer_state(self) -> dict:
     """Checkpoint keys -> variables of the optimizer, and of the loss scale if any."""
     state = checkpoints.optimizer_variables(self.optimizer)
@@ -389,9 +430,11 @@ class Trainer:
     return Position(0, 0)
 
   def _roll_back(self, position: Position, reached: Position, loss: float) -> Position:
-    """Non-finite loss or weights in the loop that ended at `reached`."""
-    what = (f"non-finite loss ({loss})" if not math.isfinite(loss) else "non-finite weights")
-    where = f"in steps {position.step + 1}..{reached.step}"
+    """Non-finite loss, weights or optimizer state in the loop that ended at `reached`."""
+    what = (f"non-finite loss ({loss})" if not math.isfinite(loss)
+            else f"non-finite values in {(self._non_finite_state() or ['the state'])[0]}")
+    where = (f"in steps {position.step + 1}..{reached.step}"
+             if reached.step > position.step + 1 else f"in step {reached.step}")
     policy = self.config.train.nonfinite_policy
     if policy == "stop":
       raise NonFiniteError(f"{what} {where}; stopped without saving them "
@@ -399,7 +442,6 @@ class Trainer:
     if self._rollbacks >= self.config.train.max_rollbacks:
       raise NonFiniteError(f"{what} {where} after {self._rollbacks} rollback(s) "
                            f"(train.max_rollbacks); stopped ({self._last_checkpoint()})")
-    self.checkpoints.wait()
     restored = self.restore_latest()
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")

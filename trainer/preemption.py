@@ -1,9 +1,10 @@
 """Graceful preemption: SIGTERM or SIGINT asks the run to stop at the next loop boundary.
 
 The handler only sets a flag; nothing unsafe runs inside it. At every loop
-boundary the loop asks `stop_agreed()`. With several workers the flag is
-all-reduced, so all of them get the same answer at the same boundary and stop
-at the same step: none is left waiting in a collective the others never join.
+boundary the loop agrees on `requested` (in the all-reduce that also carries the
+chief's save-by-clock decision; `stop_agreed()` asks alone). With several workers
+the flag is all-reduced, so all of them get the same answer at the same boundary
+and stop at the same step: none is left waiting in a collective the others never join.
 The loop then saves that step, waits for the write and exits 42. A second
 signal while that happens changes nothing.
 """
@@ -44,6 +45,11 @@ class PreemptionWatcher:
     else:
       logging.warning("%s: saving a checkpoint at the next loop boundary, then exiting 42", name)
     self._requested.set()
+
+  @property
+  def requested(self) -> bool:
+    """A signal reached this process (its own view: agree on it before acting)."""
+    return self._requested.is_set()
 
   def stop_agreed(self) -> bool:
     """Every worker calls this at every loop boundary; True on all of them or none."""

@@ -164,11 +164,16 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Worker processes of a multi-worker strategy (1 for a local strategy)."""
+  """Processes that run training steps: every `chief` and `worker` task of a synchronous
+  cluster (a Kubeflow TFJob names one of them `chief`), the `worker` tasks alone under
+  parameter_server (whose chief only coordinates); 1 for a local strategy."""
   resolver = getattr(strategy, "cluster_resolver", None)
   if resolver is None or not resolver.task_type:
     return 1
-  return max(1, len(resolver.cluster_spec().as_dict().get("worker", [])))
+  cluster = resolver.cluster_spec().as_dict()
+  jobs = (("worker",) if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+          else ("chief", "worker"))
+  return max(1, sum(len(cluster.get(job, [])) for job in jobs))
 
 
 def coordinator(strategy: tf.distribute.Strategy):

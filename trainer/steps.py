@@ -130,14 +130,18 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
   return replica_step
 
 
-def _all_finite(variables):
+def _state_finite(model, optimizer):
+  """Whether every floating-point weight and optimizer slot is finite: a slot can
+  overflow (Adam's second moment) while the loss and the weights still look fine."""
+  variables = [v for v in model.variables + optimizer.variables
+               if tf.as_dtype(v.dtype).is_floating]
   return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
 
 def make_train_loop(strategy, model, optimizer, totals: Totals, *,
                     global_batch_size: int, communication_options, loss_scale=None,
                     jit_compile: bool = False, clip_norm: float = 0.0, decode=None):
-  """Returns `train_loop(iterator, num_steps) -> (weights_finite, totals)`: `num_steps`
+  """Returns `train_loop(iterator, num_steps) -> (state_finite, totals)`: `num_steps`
   steps and the sums of their batches, in one tf.function call."""
   replica_step = _make_replica_step(
       model, optimizer, totals, global_batch_size=global_batch_size,
@@ -147,12 +151,12 @@ def make_train_loop(strategy, model, optimizer, totals: Totals, *,
 
   @tf.function
   def train_loop(iterator, num_steps):
-    """Runs `num_steps` steps; returns whether every weight is still finite and the
+    """Runs `num_steps` steps; returns whether every weight and optimizer slot is still finite and the
     summed totals (on device, so the loop boundary reads both in one host sync)."""
     running = strategy.run(totals.zeros)
     for _ in tf.range(num_steps):
       running = strategy.run(replica_step, args=(next(iterator), running))
-    return (_all_finite(model.trainable_variables),
+    return (_state_finite(model, optimizer),
             strategy.reduce(tf.distribute.ReduceOp.SUM, running, axis=None))
 
   return train_loop
@@ -162,7 +166,7 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, totals: Tota
                                      global_batch_size: int, num_workers: int, loss_scale=None,
                                      jit_compile: bool = False, clip_norm: float = 0.0,
                                      decode=None):
-  """The same `train_loop(per_worker_iterator, num_steps) -> (weights_finite, totals)`,
+  """The same `train_loop(per_worker_iterator, num_steps) -> (state_finite, totals)`,
   asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
@@ -184,8 +188,8 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, totals: Tota
     return running
 
   @tf.function
-  def weights_finite():
-    return _all_finite(model.trainable_variables)
+  def state_finite():
+    return _state_finite(model, optimizer)
 
   def train_loop(per_worker_iterator, num_steps):
     num_steps = int(num_steps)
@@ -196,7 +200,7 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, totals: Tota
       sums.append(coordinator.schedule(worker_steps,
                                        args=(per_worker_iterator, tf.constant(chunk))))
     coordinator.join()  # host sync: every scheduled step has run
-    return weights_finite(), tf.add_n([remote.fetch() for remote in sums])
+    return state_finite(), tf.add_n([remote.fetch() for remote in sums])
 
   return train_loop
 

@@ -72,6 +72,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "eval.timeout_seconds")
 
   _positive(config, "checkpoint.interval")
+  _non_negative(config, "checkpoint.interval_seconds")
   _positive(config, "checkpoint.max_to_keep")
   _non_negative(config, "checkpoint.keep_period")
   _non_negative(config, "checkpoint.keep_best")
