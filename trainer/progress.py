@@ -73,7 +73,7 @@ def _live() -> _Terminal | None:
     if sys.stderr.isatty():
       _terminal = _Terminal(sys.stderr)
       handler = logging.get_absl_handler().python_handler
-      if handler.stream is sys.stderr:
+      if handler.stream in (sys.stderr, sys.__stderr__):  # absl's log lines go through it too
         handler.stream = _terminal
       sys.stderr = _terminal
       atexit.register(finish)

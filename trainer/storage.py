@@ -25,14 +25,21 @@ def reason(error: BaseException) -> str | None:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno in _ERRNOS:
       return os.strerror(error.errno)
-    text = str(error)
-    code = re.search(r"os_error_code='(\d+)'", text)
-    if code and int(code.group(1)) in _ERRNOS:
-      return os.strerror(int(code.group(1)))
-    for known in _REASONS:
-      if known in text:
-        return known
+    found = reason_in_text(str(error))
+    if found:
+      return found
     error = error.__cause__ or error.__context__
+  return None
+
+
+def reason_in_text(text: str) -> str | None:
+  """The storage failure a message names (tensorstore: `... [os_error_code='28']`)."""
+  code = re.search(r"os_error_code='(\d+)'", text)
+  if code and int(code.group(1)) in _ERRNOS:
+    return os.strerror(int(code.group(1)))
+  for known in _REASONS:
+    if known in text:
+      return known
   return None
 
 
