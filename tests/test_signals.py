@@ -14,7 +14,8 @@ import time
 import pytest
 
 from tests.cli import run_trainer, train_ok
-from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
+                             loopback_only, needs_loopback)
 from trainer import continuous_eval
 from trainer.errors import Preempted
 
@@ -116,6 +117,32 @@ def test_sigterm_while_the_final_export_runs_finishes_it(tmp_path, uninterrupted
   again = run_trainer(tmp_path, *_FLAGS)
   assert again.returncode == 0 and "Already finished" in again.stdout, again.stderr[-3000:]
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), uninterrupted, atol=1e-6)
+
+
+@needs_loopback
+def test_two_workers_signalled_during_start_up_agree_and_resume(tmp_path, tmp_path_factory):
+  """Under MultiWorkerMirroredStrategy a start-up signal waits for the first agreed
+  check (a worker leaving alone would hang the other in a collective); TensorFlow's
+  runtime installs a SIGTERM handler of its own, which the trainer takes back."""
+  reference = tmp_path_factory.mktemp("two_replicas")
+  train_ok(reference, *_FLAGS, "--config.runtime.strategy=mirrored",
+           "--config.runtime.num_cpu_devices=2")
+  job = TrainerProcess(None, "--num_workers=2", "--", f"--model_dir={tmp_path}", *_FLAGS,
+                       module="trainer.launch", prefix=loopback_only())
+  try:
+    job.wait_for(r"\[launch\] started worker-1")
+    time.sleep(1.0)  # as above: a time, not a phase (the workers are importing)
+    job.send(signal.SIGTERM)
+    code = job.wait()
+  finally:
+    job.kill()
+  assert code in (0, 42), job.output[-3000:]
+  assert "Traceback" not in job.output and "restarting" not in job.output, job.output[-3000:]
+  resumed = run_trainer(tmp_path, *_FLAGS, "--config.runtime.strategy=mirrored",
+                        "--config.runtime.num_cpu_devices=2")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert_same_state(checkpoint_arrays(tmp_path, _STEPS), checkpoint_arrays(reference, _STEPS),
+                    atol=1e-5)
 
 
 class _FakeTrainer:

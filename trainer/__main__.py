@@ -87,6 +87,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     runtime.configure(config.runtime)
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
+  preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
   _stop_if_signalled(config)
 

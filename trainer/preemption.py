@@ -30,10 +30,12 @@ _installed = False
 
 
 def install() -> bool:
-  """Routes SIGTERM/SIGINT to the flag for the rest of the process (main thread only).
-  Returns False if it cannot (not the main thread) or if it already did."""
+  """Routes SIGTERM/SIGINT to the flag for the rest of the process (main thread only;
+  False elsewhere). Call it again once TensorFlow's runtime is up: under
+  MultiWorkerMirroredStrategy its coordination service installs a SIGTERM handler of
+  its own in C++ (the preemption notifier), which would take the signal from us."""
   global _installed
-  if _installed or threading.current_thread() is not threading.main_thread():
+  if threading.current_thread() is not threading.main_thread():
     return False
   for signum in _SIGNALS:
     signal.signal(signum, _handle)
@@ -73,7 +75,7 @@ class PreemptionWatcher:
   def __enter__(self) -> "PreemptionWatcher":
     if not _installed and threading.current_thread() is threading.main_thread():
       self._previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-      install()
+    install()  # again: the runtime may have taken SIGTERM since (see install)
     return self
 
   def __exit__(self, *exc_info) -> None:
