@@ -225,6 +225,7 @@ def _serve() -> int:
   logging.info("Serving as %s %d of the parameter-server cluster", resolver.task_type,
                resolver.task_id)
   server = runtime.serve(resolver)
+  preemption.install()  # again, as after any runtime start
   while not preemption.requested():  # the server runs in its own threads
     preemption.sleep(1.0)
   logging.warning("stopped serving (%s); the chief owns the state", server.target)
