@@ -19,7 +19,8 @@ import types
 import pytest
 
 from tests.cli import REPO, run_trainer, train_ok
-from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays, loopback_only
+from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
+                             loopback_only, needs_loopback)
 
 _STEPS = 60
 # Deterministic kernels; 1,000 examples at batch 48, so step 25 is mid-epoch.
@@ -76,6 +77,7 @@ def two_replicas(tmp_path_factory):
   return checkpoint_arrays(model_dir, _STEPS)
 
 
+@needs_loopback
 def test_two_workers_reach_the_weights_of_two_replicas(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
   try:
@@ -88,6 +90,7 @@ def test_two_workers_reach_the_weights_of_two_replicas(tmp_path, two_replicas):
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2", "--max_restarts=2")
   try:
@@ -101,6 +104,7 @@ def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
   try:
@@ -122,6 +126,7 @@ def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_parameter_server_job_survives_a_lost_worker(tmp_path):
   flags = ["--config=synthetic", "--config.train.steps=300", "--config.checkpoint.interval=100",
            "--config.train.steps_per_loop=25"]
@@ -140,6 +145,7 @@ def test_parameter_server_job_survives_a_lost_worker(tmp_path):
   assert arrays["model/mnist_cnn/conv/kernel"].shape == (3, 3, 1, 32)
 
 
+@needs_loopback
 def test_slurm_environment_makes_a_two_worker_cluster(tmp_path, two_replicas):
   """Two Slurm tasks of one step on one node (SLURM_PROCID 0 and 1), no TF_CONFIG."""
   with socket.socket() as probe:

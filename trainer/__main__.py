@@ -1,9 +1,13 @@
 """`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
 
-Order matters here: flags, config and data are checked before TensorFlow is
-imported and before anything is written, so bad input costs a second and leaves
-model_dir untouched. Exit codes: 0 done, 1 failure, 2 bad input, 42 preempted.
+Order matters here: SIGTERM/SIGINT are caught before anything else (a signal
+at any moment is a request to stop, trainer/preemption.py); flags, config and data
+are checked before TensorFlow is imported and before anything is written, so bad
+input costs a second and leaves model_dir untouched; the writer lock on model_dir
+is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
+input, 42 preempted.
 """
+import contextlib
 import json
 import os
 import re
@@ -19,8 +23,10 @@ import input_pipelines
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
+from trainer import preemption
 from trainer import validation
-from trainer.errors import NonFiniteError, Preempted, UserError
+from trainer import writer_lock
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
@@ -44,7 +50,7 @@ def main(argv):
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     _fail(EXIT_BAD_INPUT, e)
-  except (NonFiniteError, continuous_eval.Unfinished) as e:
+  except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
     _fail(EXIT_FAILURE, e)
   except Preempted as e:
     logging.warning("%s", e)
@@ -67,6 +73,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
     return _serve()
+  _stop_if_signalled(config)
   if mode in ("train", "train_and_eval"):
     step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
@@ -82,8 +89,19 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     runtime.configure(config.runtime)
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
+  preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  _stop_if_signalled(config)
 
+  training = mode in ("train", "train_and_eval")
+  with (_writer(model_dir) if training and runtime.is_chief(strategy)
+        else contextlib.nullcontext()):
+    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits)
+
+
+def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
+              splits) -> int:
+  from trainer import loop  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
   trainer = loop.Trainer(config, model_dir, strategy, splits, read_only=not training)
   try:
@@ -94,12 +112,15 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     if mode == "continuous_eval":
       continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
-          timeout_seconds=config.eval.timeout_seconds).run()
+          timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
+          stopped=preemption.requested).run()
       return EXIT_OK
     position = (trainer.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
+    if preemption.requested():  # eval and export are single-process: decide locally
+      raise Preempted(position.step)
     if mode == "eval":
       result = trainer.evaluate(position.step)
       print(json.dumps({"step": position.step, **result}))
@@ -108,6 +129,40 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     return EXIT_OK
   finally:
     trainer.close()
+
+
+@contextlib.contextmanager
+def _writer(model_dir: str):
+  """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
+
+  Taken after every check that needs no model (so a refused run never creates
+  model_dir); a refusal inside the block (another model's checkpoint) removes the
+  lock file, and model_dir if taking the lock created it. With the lock held,
+  unfinished orbax temporaries cannot be another live writer's: they are removed.
+  """
+  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
+  lock = writer_lock.WriterLock.acquire(model_dir)
+  refused = False
+  try:
+    for directory in (outputs.checkpoint_dir(model_dir), outputs.best_checkpoint_dir(model_dir)):
+      removed = checkpoints.remove_temporaries(directory)
+      if removed:
+        logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
+                     len(removed), directory, ", ".join(removed))
+    yield lock
+  except UserError:
+    refused = True
+    raise
+  finally:
+    lock.release(refused=refused)
+
+
+def _stop_if_signalled(config) -> None:
+  """Start-up of a single process: a signal so far ends the run now, exit 42 (nothing
+  trained, nothing to save). Multi-worker jobs wait for the first agreed check, right
+  after the restore (a worker leaving alone would hang the others in a collective)."""
+  if preemption.requested() and config.runtime.strategy != "multi_worker_mirrored":
+    raise Preempted(None)
 
 
 def _restore_step(trainer, step: int):
@@ -171,8 +226,12 @@ def _serve() -> int:
     resolver = runtime.cluster_resolver(_CONFIG.value.runtime)
   logging.info("Serving as %s %d of the parameter-server cluster", resolver.task_type,
                resolver.task_id)
-  runtime.serve(resolver)
-  return EXIT_OK
+  server = runtime.serve(resolver)
+  preemption.install()  # again, as after any runtime start
+  while not preemption.requested():  # the server runs in its own threads
+    preemption.sleep(1.0)
+  logging.warning("stopped serving (%s); the chief owns the state", server.target)
+  return EXIT_PREEMPTED
 
 
 def _load_config():
@@ -234,6 +293,7 @@ def _fail(code: int, error, immediately: bool = False) -> None:
 
 
 def run() -> None:
+  preemption.install()  # before flags, TensorFlow or any write: no bare signal death
   app.run(main, flags_parser=_parse_flags)
 
 

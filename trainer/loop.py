@@ -23,6 +23,7 @@ from trainer import checkpoints
 from trainer import compatibility
 from trainer.agreement import Agreement
 from trainer import export
+from trainer import hold_points
 from trainer import logs
 from trainer import loss_scale
 from trainer import losses
@@ -33,10 +34,11 @@ from trainer import periodic
 from trainer import plugins
 from trainer import preemption
 from trainer import profiling
+from trainer import progress
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
-from trainer.errors import NonFiniteError, Preempted
+from trainer.errors import NonFiniteError, Preempted, StorageError
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -98,7 +100,9 @@ class Trainer:
           SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
           evaluate if due (and keep the best)
           checkpoint if due by steps, or by the chief's clock (async)
-      wait for saves; export; summary.json
+      wait for saves; final eval; export; summary.json
+      (a signal agreed right after the restore, or before the final eval or the
+       export, also exits 42: the step is on disk; see trainer/preemption.py)
 
   Constructing a Trainer builds the model and optimizer under the strategy;
   it reads and writes nothing. `read_only` (eval, export) never writes checkpoints.
@@ -179,6 +183,10 @@ class Trainer:
     total, batch_size = config.train.steps, config.train.global_batch_size
 
     position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
+    watcher = preemption.PreemptionWatcher(self.agreement)
+    hold_points.hold("restore")
+    if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
+      raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
       outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
@@ -192,7 +200,6 @@ class Trainer:
 
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None
-    watcher = preemption.PreemptionWatcher(self.agreement)
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
@@ -222,11 +229,9 @@ class Trainer:
         # One collective for both: a signal on any worker stops them all; the chief's
         # clock says whether checkpoint.interval_seconds passed (clocks differ).
         stop, save_by_clock = self.agreement.share(
-            any_of=watcher.requested, chiefs=1.0 if self._save_timer.due() else 0.0)
+            any_of=preemption.requested(), chiefs=1.0 if self._save_timer.due() else 0.0)
         if stop:
-          self.save(position)
-          self.checkpoints.wait()
-          raise Preempted(position.step)
+          self._save_and_stop(position)
         if eval_due.due(position.step):
           eval_metrics = self.evaluate(position.step)
           self._keep_if_best(position, eval_metrics)
@@ -237,10 +242,15 @@ class Trainer:
                        position.step)
           self.save(position)
 
+    progress.finish()
     self.checkpoints.wait()  # the final step is on disk before anything reports it
+    if watcher.stop_agreed():
+      raise Preempted(position.step)
     if eval_metrics is None:  # resumed at the final step: nothing trained, still report
       eval_metrics = self.evaluate(position.step)
-    self.export(position.step)
+      if watcher.stop_agreed():
+        raise Preempted(position.step)
+    self.export(position.step)  # a signal from here on: finish (seconds) and exit 0
     summary = {
         "step": position.step,
         "train_loss": train_metrics.get("loss"),
@@ -258,6 +268,7 @@ class Trainer:
         "checkpoint_time_sec": self._checkpoint_seconds,
     }
     if self.is_chief:
+      hold_points.hold("summary")
       outputs.write_json(outputs.summary_path(self.model_dir), summary)
     self.summaries.close()
     return summary
@@ -271,6 +282,7 @@ class Trainer:
   def evaluate(self, step: int) -> dict:
     """The loss and every metric over every eval example exactly once."""
     start = time.perf_counter()
+    hold_points.hold("eval")
     if self._eval_pass is None:
       decode = batching.device_decoder(self.eval_source)
       dataset = batching.eval_dataset(self.eval_source,
@@ -301,6 +313,17 @@ class Trainer:
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
                    blocked)
+
+  def _save_and_stop(self, position: Position) -> None:
+    """The preemption save: this step on disk, then Preempted (exit 42) in any case.
+    If it cannot be written, the last complete checkpoint is where the next run resumes."""
+    try:
+      self.save(position)
+      self.checkpoints.wait()
+    except StorageError as e:
+      raise Preempted(position.step, unsaved=str(e),
+                      last_complete=self.checkpoints.latest_step()) from None
+    raise Preempted(position.step)
 
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
@@ -338,10 +361,10 @@ class Trainer:
         "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
         **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
-    logging.info("step %d/%d | %s | lr %.3g | %.0f examples/s | ETA %s",
-                 step, self.config.train.steps, _metrics_line(metrics, names),
-                 learning_rate, examples_per_sec,
-                 _eta(self.config.train.steps - step, loop_seconds / num_steps))
+    progress.show(step, self.config.train.steps,
+                  f"{_metrics_line(metrics, names)} | lr {learning_rate:.3g} | "
+                  f"{examples_per_sec:.0f} examples/s | "
+                  f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")
 
   def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
                      salted: bool = False, decode_on_device: bool = False) -> tf.data.Dataset:

@@ -113,12 +113,12 @@ def _tpu_strategy():
   return tf.distribute.TPUStrategy(resolver)
 
 
-def serve(resolver) -> None:
-  """Runs this task's gRPC server until the process is killed: the worker and ps tasks
-  of a parameter-server cluster, while the chief (the coordinator) trains."""
-  server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                task_index=resolver.task_id, protocol="grpc", start=True)
-  server.join()
+def serve(resolver) -> tf.distribute.Server:
+  """Starts this task's gRPC server (the worker and ps tasks of a parameter-server
+  cluster, while the chief, the coordinator, trains). It serves from its own
+  threads until the process exits; the caller waits for a stop signal."""
+  return tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                              task_index=resolver.task_id, protocol="grpc", start=True)
 
 
 def jit_compile(runtime_config: ml_collections.ConfigDict,
