@@ -56,6 +56,10 @@ def main(argv):
     logging.warning("%s", e)
     sys.exit(EXIT_PREEMPTED)
   except Exception as e:  # pylint: disable=broad-except
+    if _XLA_NOT_DETERMINISTIC in str(e):
+      _fail(EXIT_BAD_INPUT, "runtime.jit_compile=true cannot be runtime.deterministic=true for "
+                            "this model: XLA has no deterministic kernel for one of its ops "
+                            f"({_first_op_line(str(e))}); set one of them to false")
     data_error = _data_error_inside(e)
     if data_error is None:
       raise
@@ -198,6 +202,14 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       summary["eval_examples"], values("train"), summary["examples_per_sec"],
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
       summary["checkpoint_time_sec"], os.path.abspath(model_dir))
+
+
+_XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"
+
+
+def _first_op_line(text: str) -> str:
+  return next((line.strip() for line in text.splitlines() if _XLA_NOT_DETERMINISTIC in line),
+              "")[:200]
 
 
 def _data_error_inside(error: Exception) -> str | None:
