@@ -7,7 +7,11 @@ input costs a second and leaves model_dir untouched; the writer lock on model_di
 is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
 input, 42 preempted.
 """
-import contextlib
+if __name__ == "__main__":  # first of all, before the heavier imports below
+  from trainer import preemption as _early  # pylint: disable=g-import-not-at-top
+  _early.install()
+
+import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import os
 import re
