@@ -15,7 +15,7 @@ measures one thing in this (fresh) process and prints one `RESULT {json}` line
   the replica step (Keras 3 all-reduces there by itself, which is right for a
   loop that does not reduce explicitly), no metrics, no checks, no summaries.
 - `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
-  `experimental_distribute_dataset`, as the trainer consumes it), drained by a
+  `distribute_datasets_from_function`, as the trainer consumes it), drained by a
   tf.function that does nothing else: what it can deliver to training.
 
 Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
@@ -28,6 +28,7 @@ the difference of their times leaves out every per-call cost (a `fit` call's
 set-up, its new iterator refilling the shuffle buffer), so what remains is the
 steady rate, the same thing distloop's loop-boundary timestamps measure.
 """
+import gc
 import json
 import os
 import re
@@ -162,9 +163,11 @@ def _pipeline() -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
-  dataset = batching.train_dataset(splits.sources("synthetic")[0], seed=config.runtime.seed,
-                                   global_batch_size=_BATCH.value, start_example=0)
-  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  source = splits.sources("synthetic")[0]
+  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop.py reads
+      lambda context: batching.train_dataset(source, seed=config.runtime.seed,
+                                             global_batch_size=_BATCH.value, start_example=0,
+                                             input_context=context)))
 
   @tf.function
   def drain(num_steps):  # consumed as the train loop consumes it: next() in a tf.range
@@ -175,7 +178,12 @@ def _pipeline() -> dict:
     for _ in range(num_steps // _STEPS_PER_LOOP.value):
       drain(tf.constant(_STEPS_PER_LOOP.value))
 
-  return {"examples_per_sec": _marginal(run)}
+  rate = _marginal(run)
+  # Reads run in tf.numpy_function: an iterator still alive when the interpreter
+  # finalizes can deadlock its exit (a tf.data thread waits for the GIL forever).
+  del drain, iterator, run
+  gc.collect()
+  return {"examples_per_sec": rate}
 
 
 def _one_line(error: Exception) -> str:

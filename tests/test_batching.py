@@ -52,3 +52,66 @@ def test_images_are_scaled_floats_with_a_channel():
   images, labels = next(iter(batching.eval_dataset(_splits()[1], global_batch_size=4)))
   assert images.shape == (4, 28, 28, 1) and images.dtype.name == "float32"
   assert float(images.numpy().max()) <= 1.0 and labels.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_the_order_is_index_shuffle_of_seed_and_epoch_per_position():
+  """Position p reads row index_shuffle(p % N, [seed, p // N], N - 1): no N-sized array."""
+  import tensorflow as tf
+  from input_pipelines import order
+  positions = np.arange(0, 250, dtype=np.int64)
+  rows = order.rows(positions, 7, 100).numpy()
+  expected = [int(tf.random.experimental.index_shuffle(p % 100, [7, p // 100], 99)) for p in positions]
+  assert rows.tolist() == expected
+  huge = order.rows(np.array([10**15 + 3], np.int64), 7, 10**9).numpy()  # N = 10^9 is fine
+  assert 0 <= huge[0] < 10**9
+
+
+class _Context:
+  """A tf.distribute.InputContext stand-in: pipeline `id` of `pipelines`, `replicas` in all."""
+
+  def __init__(self, pipelines, id_, replicas):
+    self.num_input_pipelines, self.input_pipeline_id = pipelines, id_
+    self.num_replicas_in_sync = replicas
+
+
+def _per_replica(dataset, num_elements):
+  return [np.round(images.numpy()[:, 0, 0, 0] * 255).astype(int).tolist()
+          for images, _ in dataset.take(num_elements)]
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 2), (2, 2), (2, 4), (3, 3)])
+def test_each_input_pipeline_builds_its_replicas_share_of_every_global_batch(pipelines, replicas):
+  source, steps, batch = _splits()[0], 7, 12
+  full = _first_pixels(batching.train_dataset(source, seed=3, global_batch_size=batch,
+                                              start_example=5), steps)
+  local = replicas // pipelines
+  shares = [_per_replica(batching.train_dataset(
+      source, seed=3, global_batch_size=batch, start_example=5,
+      input_context=_Context(pipelines, i, replicas)), steps * local) for i in range(pipelines)]
+  for step in range(steps):
+    # Replica r = pipeline * local + element % local, in order: the global batch, split.
+    got = sum((shares[i][step * local + d] for i in range(pipelines) for d in range(local)), [])
+    assert got == full[step]
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 3), (3, 3), (2, 4)])
+def test_eval_shares_cover_every_example_once_with_empty_slices(pipelines, replicas):
+  source, batch = _splits(n_test=23)[1], 10  # batches 10, 10, 3: some replicas get nothing
+  local = replicas // pipelines
+  seen, sizes = [], []
+  for i in range(pipelines):
+    elements = _per_replica(batching.eval_dataset(
+        source, global_batch_size=batch, input_context=_Context(pipelines, i, replicas)), 999)
+    assert len(elements) == 3 * local  # every replica takes part in every eval step
+    seen += sum(elements, [])
+    sizes += [len(e) for e in elements]
+  assert sorted(seen) == list(range(23)) and 0 in sizes
+
+
+def test_arrays_in_memory_are_not_graph_constants():
+  """The dataset's graph stays small however big the arrays are (no 2 GB GraphDef limit)."""
+  big = Splits(np.zeros((20_000, 28, 28), np.uint8), np.zeros(20_000, np.int64),
+               np.zeros((10, 28, 28), np.uint8), np.zeros(10, np.int64)).sources("test")[0]
+  dataset = batching.train_dataset(big, seed=0, global_batch_size=8, start_example=0)
+  graph_bytes = len(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  assert graph_bytes < 100_000 < big.features.nbytes

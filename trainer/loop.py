@@ -113,7 +113,7 @@ class Trainer:
     loss_fn = losses.resolve(config.train.loss)
     metric_fns = metrics.resolve(config.eval, config.train.loss)
     # A few real training examples: the model's input spec, the start-up checks, samples.
-    self._probe = next(iter(self._train_dataset(start_example=0,
+    self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
     self.features_spec = tf.nest.map_structure(
         lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe[0])
@@ -190,37 +190,42 @@ class Trainer:
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
-      while position.step < total:
-        self.profiler.at_boundary(position.step)
-        num_steps = min(config.train.steps_per_loop, total - position.step,
-                        checkpoint_due.next_due(position.step) - position.step,
-                        eval_due.next_due(position.step) - position.step,
-                        (self.profiler.next_boundary(position.step) or total) - position.step)
-        loop_start = time.perf_counter()
-        with (self.summaries.graph_of_first_call(position.step) if record_graph
-              else contextlib.nullcontext()):
-          weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
-        record_graph = False
-        train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
-        loop_seconds = time.perf_counter() - loop_start
-        reached = position.advance(num_steps, batch_size)
-        if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
-          position = self._roll_back(position, reached, train_metrics["loss"])
-          batches = self._batches_from(position)
-          continue
-        position = reached
-        throughput.add(num_steps * batch_size, loop_seconds)
-        self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
+      try:
+        while position.step < total:
+          self.profiler.at_boundary(position.step)
+          num_steps = min(config.train.steps_per_loop, total - position.step,
+                          checkpoint_due.next_due(position.step) - position.step,
+                          eval_due.next_due(position.step) - position.step,
+                          (self.profiler.next_boundary(position.step) or total) - position.step)
+          loop_start = time.perf_counter()
+          with (self.summaries.graph_of_first_call(position.step) if record_graph
+                else contextlib.nullcontext()):
+            weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
+          record_graph = False
+          train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
+          loop_seconds = time.perf_counter() - loop_start
+          reached = position.advance(num_steps, batch_size)
+          if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
+            position = self._roll_back(position, reached, train_metrics["loss"])
+            batches = self._batches_from(position)
+            continue
+          position = reached
+          throughput.add(num_steps * batch_size, loop_seconds)
+          self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
 
-        if watcher.stop_agreed():
-          self.save(position)
-          self.checkpoints.wait()
-          raise Preempted(position.step)
-        if eval_due.due(position.step):
-          eval_metrics = self.evaluate(position.step)
-          self._keep_if_best(position, eval_metrics)
-        if checkpoint_due.due(position.step):
-          self.save(position)
+          if watcher.stop_agreed():
+            self.save(position)
+            self.checkpoints.wait()
+            raise Preempted(position.step)
+          if eval_due.due(position.step):
+            eval_metrics = self.evaluate(position.step)
+            self._keep_if_best(position, eval_metrics)
+          if checkpoint_due.due(position.step):
+            self.save(position)
+      finally:
+        # Reads run in tf.numpy_function: an iterator kept alive by a traceback until
+        # the interpreter finalizes can deadlock the exit. Let it go here.
+        batches = None
 
     self.checkpoints.wait()  # the final step is on disk before anything reports it
     if eval_metrics is None:  # resumed at the final step: nothing trained, still report
@@ -257,14 +262,16 @@ class Trainer:
     """The loss and every metric over every eval example exactly once."""
     start = time.perf_counter()
     if self._eval_pass is None:
-      dataset = batching.eval_dataset(self.eval_source,
-                                      global_batch_size=self.config.eval.global_batch_size)
+      def dataset(input_context=None):
+        return batching.eval_dataset(self.eval_source,
+                                     global_batch_size=self.config.eval.global_batch_size,
+                                     input_context=input_context)
       if self.coordinator:
-        self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset)
-      else:
+        self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset())
+      else:  # each worker reads only its replicas' slices of every eval batch
         self._eval_pass = steps.make_eval_pass(
             self.strategy, self.model, self._eval_metrics,
-            self.strategy.experimental_distribute_dataset(dataset))
+            self.strategy.distribute_datasets_from_function(dataset))
     self._eval_metrics.reset()
     self._eval_pass()
     result = self._eval_metrics.result()  # host sync
@@ -319,11 +326,13 @@ class Trainer:
                  _eta(self.config.train.steps - step, loop_seconds / num_steps))
 
   def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
-                     salted: bool = False) -> tf.data.Dataset:
+                     salted: bool = False, input_context=None,
+                     stream: str = "train") -> tf.data.Dataset:
     return batching.train_dataset(
         self.train_source, seed=self.config.runtime.seed,
         global_batch_size=global_batch_size or self.config.train.global_batch_size,
-        start_example=start_example, preprocess=self._preprocess, salted=salted)
+        start_example=start_example, preprocess=self._preprocess, salted=salted,
+        input_context=input_context, stream=stream)
 
   # -- state in and out ---------------------------------------------------------
 
@@ -406,13 +415,15 @@ class Trainer:
     return Position(restored.step, reached.examples)
 
   def _batches_from(self, position: Position):
-    def dataset(salted=False):
-      return self._train_dataset(start_example=position.examples, salted=salted)
     if self.coordinator:
       # Asynchronous workers cannot split one stream exactly: each reads its own
       # order of the data (a per-worker salt), from the checkpointed position.
-      return iter(self.coordinator.create_per_worker_dataset(lambda: dataset(salted=True)))
-    return iter(self.strategy.experimental_distribute_dataset(dataset()))
+      return iter(self.coordinator.create_per_worker_dataset(
+          lambda: self._train_dataset(start_example=position.examples, salted=True)))
+    # Each worker builds only its replicas' shares of every global batch.
+    return iter(self.strategy.distribute_datasets_from_function(
+        lambda input_context: self._train_dataset(start_example=position.examples,
+                                                  input_context=input_context)))
 
   def export(self, step: int) -> str | None:
     """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""
