@@ -67,15 +67,32 @@ def _fingerprint(fmt: str, paths: list[str], options: dict) -> str:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _array_split(spec: dict, columns: dict) -> Split:
-  """A split of equal-length numpy arrays {key: [N, ...]}, encoded one example at a time."""
-  num_examples = len(next(iter(columns.values())))
-
+def _example_split(spec: dict, num_examples: int, example: Callable[[int], dict]) -> Split:
+  """A split whose example i is `example(i)`, encoded one at a time."""
   def records(start: int):
     encode = features_lib.encoder(spec)
     for i in range(start, num_examples):
-      yield encode({key: array[i] for key, array in columns.items()})
+      yield encode(example(i))
   return Split(num_examples, records)
+
+
+def _array_split(spec: dict, columns: dict) -> Split:
+  """A split of equal-length numpy arrays {key: [N, ...]}."""
+  return _example_split(spec, len(next(iter(columns.values()))),
+                        lambda i: {key: array[i] for key, array in columns.items()})
+
+
+def from_examples(spec: dict, label: str, splits: dict, *, fingerprint: str,
+                  metadata: dict | None = None) -> Input:
+  """Your own data, in Python: `splits` = {"train": (N, example), "eval": (M, example)},
+  `example(i) -> {key: numpy array}` (an image's encoded bytes for encoding "image");
+  `fingerprint` names this data (a re-run with another one is refused). Write it with
+  `input_pipelines.convert.convert(from_examples(...), output_dir)`."""
+  spec = features_lib.check(spec, label, "from_examples")
+  if set(splits) != {"train", "eval"}:
+    raise DataError(f"from_examples: splits must be 'train' and 'eval', got {sorted(splits)}")
+  return Input(spec, label, {name: _example_split(spec, n, fn) for name, (n, fn) in splits.items()},
+               {"from": "python", **(metadata or {})}, fingerprint)
 
 
 def idx(path: str, options: Options, fmt: str = "idx") -> Input:

@@ -115,3 +115,51 @@ def test_arrays_in_memory_are_not_graph_constants():
   dataset = batching.train_dataset(big, seed=0, global_batch_size=8, start_example=0)
   graph_bytes = len(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
   assert graph_bytes < 100_000 < big.features.nbytes
+
+
+def _stream(n=100):
+  """An opaque pipeline of examples whose labels are their index (images: index / 255)."""
+  import tensorflow as tf
+  from input_pipelines.sources import StreamSource
+  def make():
+    ids = tf.range(n, dtype=tf.int64)
+    return tf.data.Dataset.from_tensor_slices(ids).map(
+        lambda k: (tf.fill([28, 28, 1], tf.cast(k % 256, tf.float32) / 255.0), k))
+  return StreamSource(make, where="test")
+
+
+def _labels(dataset, num_batches):
+  return [labels.numpy().tolist() for _, labels in dataset.take(num_batches)]
+
+
+@pytest.mark.parametrize("start", [0, 30, 95, 210])
+def test_an_opaque_pipeline_resumes_by_skipping_the_examples_used(start):
+  """repeat() then skip(start): example p of the resumed stream is example p of the full one."""
+  full = sum(_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=30,
+                                            start_example=0), 12), [])
+  resumed = sum(_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=30,
+                                               start_example=start), 4), [])
+  assert resumed == full[start:start + 120]
+  assert full[:200] == [p % 100 for p in range(200)]  # the stream's own order, repeated
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(2, 2), (2, 4)])
+def test_an_opaque_pipeline_splits_each_global_batch_over_workers(pipelines, replicas):
+  full = _labels(batching.train_dataset(_stream(), seed=0, global_batch_size=12,
+                                        start_example=7), 5)
+  local = replicas // pipelines
+  shares = [_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=12,
+                                           start_example=7,
+                                           input_context=_Context(pipelines, i, replicas)),
+                    5 * local) for i in range(pipelines)]
+  for step in range(5):
+    assert sum((shares[i][step * local + d] for i in range(pipelines) for d in range(local)),
+               []) == full[step]
+
+
+def test_an_opaque_eval_pipeline_counts_every_example_once():
+  seen = []
+  for i in range(2):
+    seen += sum(_labels(batching.eval_dataset(_stream(23), global_batch_size=10,
+                                              input_context=_Context(2, i, 4)), 99), [])
+  assert sorted(seen) == list(range(23))

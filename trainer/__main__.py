@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -40,20 +41,29 @@ def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
+  # Each failure is turned into (code, line) inside its except block and the process
+  # exits after it: a live traceback can hold a tf.data iterator whose reads run in
+  # tf.numpy_function, and one still alive when the interpreter finalizes can
+  # deadlock the exit (its thread waits for the GIL forever).
   try:
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
-    _fail(EXIT_BAD_INPUT, e)
+    code, line = EXIT_BAD_INPUT, str(e)
   except (NonFiniteError, continuous_eval.Unfinished) as e:
-    _fail(EXIT_FAILURE, e)
+    code, line = EXIT_FAILURE, str(e)
   except Preempted as e:
     logging.warning("%s", e)
-    sys.exit(EXIT_PREEMPTED)
+    code, line = EXIT_PREEMPTED, None
   except Exception as e:  # pylint: disable=broad-except
     data_error = _data_error_inside(e)
     if data_error is None:
-      raise
-    _fail(EXIT_BAD_INPUT, data_error)
+      traceback.print_exc()
+      code, line = EXIT_FAILURE, None
+    else:
+      code, line = EXIT_BAD_INPUT, data_error
+  if line is not None:
+    _fail(code, line)
+  sys.exit(code)
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
