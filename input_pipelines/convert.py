@@ -62,8 +62,6 @@ def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
-  with logs.native_startup_silenced():  # records are tf.train.Examples: TensorFlow encodes
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
   try:
     if _VERIFY.value:
       return _verify(_VERIFY.value)
@@ -74,7 +72,9 @@ def main(argv):
         eval_input=_EVAL_INPUT.value, features=_FEATURES.value, label=_LABEL.value,
         eval_fraction=_EVAL_FRACTION.value, seed=_SEED.value, image_size=_IMAGE_SIZE.value,
         channels=_CHANNELS.value)
-    source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)
+    with logs.native_startup_silenced():  # TensorFlow's start-up lines are noise here
+      source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)  # checks the input
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel  (it encodes the records)
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,
                    compress=_COMPRESS.value)
   except DataError as e:

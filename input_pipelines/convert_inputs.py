@@ -23,6 +23,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 from typing import Callable, Iterator
 
 import ml_collections
@@ -252,7 +253,9 @@ def _compression(files: list[str]) -> str:
 
 
 def _op_message(error) -> str:
-  return " ".join(getattr(error, "message", str(error)).split())[:200]
+  """A TensorFlow error's message without its node and op decorations."""
+  text = re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", getattr(error, "message", str(error)))
+  return " ".join(text.split())[:200]
 
 
 FORMATS = {"idx": idx, "npz": npz, "csv": csv, "image_folder": image_folder,

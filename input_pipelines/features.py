@@ -117,7 +117,7 @@ def encoder(spec: dict):
         out[key].int64_list.value.extend(array.ravel().tolist())
       else:
         out[key].float_list.value.extend(array.ravel().tolist())
-    return record.SerializeToString()
+    return record.SerializeToString(deterministic=True)  # map order: the same bytes in every process
   return encode
 
 

@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from input_pipelines import convert
+from input_pipelines import convert_inputs
 from input_pipelines import records
+from input_pipelines.errors import DataError
 from tests.cli import REPO
 
 
 def run_convert(*flags, timeout=300):
-  completed = subprocess.run([sys.executable, "-m", "input_pipelines.convert", *flags],
-                             cwd=REPO, capture_output=True, text=True, timeout=timeout)
-  return completed
+  # Importing TensorFlow here set TF_CPP_MIN_LOG_LEVEL=1: give the converter a user's default.
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  return subprocess.run([sys.executable, "-m", "input_pipelines.convert", *flags], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _one_error_line(result, expected):
@@ -63,6 +67,13 @@ def test_npz_converts_checks_and_reruns_as_a_no_op(tmp_path):
   assert again.returncode == 0 and "Already converted" in again.stdout
 
 
+def _convert(fmt, path, output, **options):
+  """The converter as a library (the CLI's own tests are above and below)."""
+  source = convert_inputs.FORMATS[fmt](str(path), convert_inputs.Options(**options))
+  convert.convert(source, str(output), show_progress=False)
+  return json.loads((output / "manifest.json").read_text())
+
+
 def test_csv_keeps_the_tables_rows_and_columns(tmp_path):
   rng = np.random.default_rng(1)
   table = np.column_stack([rng.standard_normal((40, 3)), rng.integers(0, 2, 40)])
@@ -71,14 +82,11 @@ def test_csv_keeps_the_tables_rows_and_columns(tmp_path):
   for name, rows in (("train.csv", table[:30]), ("test.csv", table[30:])):
     lines = ["a,b,label,c"] + [f"{r[0]},{r[1]},{int(r[3])},{r[2]}" for r in rows]
     (folder / name).write_text("\n".join(lines) + "\n")
-  output = tmp_path / "out"
-  result = run_convert("--from=csv", f"--input={folder}", f"--output={output}")
-  assert result.returncode == 0, result.stderr[-2000:]
-  features, labels = _read_all(output, split_index=1)
+  manifest = _convert("csv", folder, tmp_path / "out")
+  assert manifest["metadata"]["feature_columns"] == ["a", "b", "c"]
+  features, labels = _read_all(tmp_path / "out", split_index=1)
   np.testing.assert_allclose(features.numpy(), table[30:, :3].astype(np.float32))
   np.testing.assert_array_equal(labels.numpy(), table[30:, 3].astype(np.float32))
-  manifest = json.loads((output / "manifest.json").read_text())
-  assert manifest["metadata"]["feature_columns"] == ["a", "b", "c"]
 
 
 def _image_folder(root, sizes=((40, 30), (32, 32))):
@@ -92,14 +100,10 @@ def _image_folder(root, sizes=((40, 30), (32, 32))):
 
 def test_image_folder_stores_encoded_files_decoded_when_read(tmp_path):
   folder = _image_folder(tmp_path / "images")
-  output = tmp_path / "out"
-  result = run_convert("--from=image_folder", f"--input={folder}", f"--output={output}",
-                       "--image_size=16")
-  assert result.returncode == 0, result.stderr[-2000:]
-  manifest = json.loads((output / "manifest.json").read_text())
+  manifest = _convert("image_folder", folder, tmp_path / "out", image_size=16)
   assert manifest["metadata"]["classes"] == ["cat", "dog"]
   assert manifest["features"]["images"]["encoding"] == "image"
-  images, labels = _read_all(output)
+  images, labels = _read_all(tmp_path / "out")
   assert images.shape == (4, 16, 16, 3) and images.dtype.name == "float32"
   assert labels.numpy().tolist() == [0, 0, 1, 1]
   np.testing.assert_allclose(images.numpy()[0], np.broadcast_to([1.0, 0.0, 0.0], (16, 16, 3)))
@@ -109,11 +113,9 @@ def test_image_folder_stores_encoded_files_decoded_when_read(tmp_path):
 def test_a_broken_image_is_named_and_nothing_is_left_behind(tmp_path):
   folder = _image_folder(tmp_path / "images")
   (folder / "train" / "dog" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
-  output = tmp_path / "out"
-  result = run_convert("--from=image_folder", f"--input={folder}", f"--output={output}",
-                       "--image_size=16")
-  _one_error_line(result, "1.png: cannot be decoded")
-  assert not output.exists()
+  with pytest.raises(DataError, match="1.png: cannot be decoded"):
+    _convert("image_folder", folder, tmp_path / "out", image_size=16)
+  assert not (tmp_path / "out").exists()
 
 
 _TF_SPEC = {"pixels": {"encoding": "raw", "dtype": "uint8", "shape": [2, 3]},
@@ -140,15 +142,12 @@ def test_tfrecord_examples_are_copied_byte_for_byte(tmp_path):
   train = _tfrecords(tmp_path / "train-0.tfrecord", 70, 0)
   train += _tfrecords(tmp_path / "train-1.tfrecord", 30, 1)
   _tfrecords(tmp_path / "eval.tfrecord", 10, 2)
-  output = tmp_path / "out"
-  result = run_convert("--from=tfrecord", f"--input={tmp_path}/train-*.tfrecord",
-                       f"--eval_input={tmp_path}/eval.tfrecord", f"--features={json.dumps(_TF_SPEC)}",
-                       f"--output={output}")
-  assert result.returncode == 0, result.stderr[-2000:]
-  source = records.build(ml_collections.ConfigDict({"dir": str(output)}), 0)[0]
+  _convert("tfrecord", f"{tmp_path}/train-*.tfrecord", tmp_path / "out",
+           eval_input=f"{tmp_path}/eval.tfrecord", features=json.dumps(_TF_SPEC))
+  source = records.build(ml_collections.ConfigDict({"dir": str(tmp_path / "out")}), 0)[0]
   assert list(source.read_leaves(np.arange(100))[0]) == train
   pixels, labels = source.assemble(source.read_leaves(np.array([5, 80])))
-  assert pixels.shape == (2, 2, 3) and labels.numpy().tolist() == [5, 80]
+  assert pixels.shape == (2, 2, 3) and labels.numpy().tolist() == [5, 10]  # 80: file 2's 10th
 
 
 def test_tfrecord_that_does_not_fit_the_spec_is_one_line(tmp_path):
@@ -215,9 +214,11 @@ def big_npz(tmp_path_factory):
 
 
 def _start_and_stop_midway(npz, output, signum):
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   process = subprocess.Popen([sys.executable, "-m", "input_pipelines.convert", "--from=npz",
                               f"--input={npz}", f"--output={output}", "--shard_mb=1"],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
   progress = output / "progress.json"
   deadline = time.monotonic() + 240
   while not progress.exists() and process.poll() is None and time.monotonic() < deadline:
