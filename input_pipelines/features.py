@@ -121,6 +121,38 @@ def encoder(spec: dict):
   return encode
 
 
+def problem_with(spec: dict, serialized: bytes) -> str | None:
+  """What keeps a record from decoding with `spec`, found without running TensorFlow (a
+  multi-worker runtime must not start before its strategy); None if it fits."""
+  from tensorflow.core.example import example_pb2  # pylint: disable=g-import-not-at-top
+  record = example_pb2.Example()
+  try:
+    record.ParseFromString(serialized)
+  except Exception:  # pylint: disable=broad-except  (protobuf's DecodeError)
+    return "not a serialized tf.train.Example"
+  stored = record.features.feature
+  for key, field in spec.items():
+    if key not in stored:
+      return f"no feature {key!r} (it has {', '.join(sorted(stored)) or 'none'})"
+    kind = {"raw": "bytes_list", "image": "bytes_list", "int64": "int64_list",
+            "float": "float_list"}[field["encoding"]]
+    if stored[key].WhichOneof("kind") != kind:
+      return f"feature {key!r} is a {stored[key].WhichOneof('kind')}, its encoding needs a {kind}"
+    values = getattr(stored[key], kind).value
+    size = int(np.prod(field["shape"]))
+    if field["encoding"] == "raw":
+      expected = size * np.dtype(field["dtype"]).itemsize
+      if len(values) != 1 or len(values[0]) != expected:
+        return (f"feature {key!r} holds {sum(len(v) for v in values)} bytes, its shape "
+                f"{field['shape']} of {field['dtype']} needs {expected}")
+    elif field["encoding"] == "image":
+      if len(values) != 1:
+        return f"feature {key!r} holds {len(values)} values, an image is one"
+    elif len(values) != size:
+      return f"feature {key!r} holds {len(values)} values, its shape {field['shape']} needs {size}"
+  return None
+
+
 # Decoding (the pipeline, per batch of records) -------------------------------------------
 
 def decode(spec: dict, label: str, serialized):
