@@ -51,19 +51,32 @@ def datasets(tmp_path_factory):
   shutil.rmtree(root, ignore_errors=True)
 
 
+# Runs its arguments as a child and reports the child's peak RSS. A fresh, small process:
+# a child forked straight from pytest (whose RSS is large) would report pytest's pages too.
+_MEASURED = """
+import os, signal, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+_, status, usage = os.wait4(child.pid, 0)
+print("MAXRSS_KB", usage.ru_maxrss, flush=True)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _train(model_dir, data_dir, *, stop_after_step=None):
-  """(exit code, peak RSS in bytes) of one trainer process; SIGTERM once it logs the step."""
-  process = subprocess.Popen([sys.executable, "-m", "trainer", f"--model_dir={model_dir}",
-                              *_FLAGS, f"--config.data.dir={data_dir}"], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  """(exit code, peak RSS in bytes, log) of one trainer process; SIGTERM once it logs the step."""
+  process = subprocess.Popen([sys.executable, "-c", _MEASURED, sys.executable, "-m", "trainer",
+                              f"--model_dir={model_dir}", *_FLAGS, f"--config.data.dir={data_dir}"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   log = []
   for line in process.stderr:
     log.append(line)
     if stop_after_step is not None and f"step {stop_after_step}/" in line:
       process.send_signal(signal.SIGTERM)
-  _, status, usage = os.wait4(process.pid, 0)
-  process.returncode = os.waitstatus_to_exitcode(status)
-  return process.returncode, usage.ru_maxrss * 1024, "".join(log)
+  stdout = process.stdout.read()
+  process.wait()
+  peak_kb = int(stdout.split("MAXRSS_KB")[-1].split()[0])
+  return process.returncode, peak_kb * 1024, "".join(log)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,7 @@ def test_the_big_dataset_is_over_2_gb_and_the_small_one_about_100_mb(datasets):
 
 def test_peak_rss_does_not_grow_with_the_dataset(uninterrupted):
   big, small = uninterrupted["big"][1], uninterrupted["small"][1]
-  print(f"peak RSS: 2 GiB dataset {big / 2**20:.0f} MiB, 100 MiB dataset {small / 2**20:.0f} MiB")
+  print(f"peak RSS: 2 GiB dataset {big / 2**20:.1f} MiB, 100 MiB dataset {small / 2**20:.1f} MiB")
   assert abs(big - small) <= 0.10 * small
 
 
