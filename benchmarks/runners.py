@@ -19,7 +19,7 @@ measures one thing in this (fresh) process and prints one `RESULT {json}` line
   ceiling, the one that matters on accelerators. One replica only (XLA cannot
   compile the update's cross-replica part).
 - `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
-  `experimental_distribute_dataset`, as the trainer consumes it), drained by a
+  `distribute_datasets_from_function`, as the trainer consumes it), drained by a
   tf.function that does nothing else: what it can deliver to training.
 
 Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
@@ -32,6 +32,7 @@ the difference of their times leaves out every per-call cost (a `fit` call's
 set-up, its new iterator refilling the shuffle buffer), so what remains is the
 steady rate, the same thing distloop's loop-boundary timestamps measure.
 """
+import gc
 import json
 import os
 import re
@@ -175,11 +176,13 @@ def _pipeline() -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
-  # As the trainer reads it: uint8 images, scaled on the device by the train step.
-  dataset = batching.train_dataset(splits.sources("synthetic")[0], seed=config.runtime.seed,
-                                   global_batch_size=_BATCH.value, start_example=0,
-                                   decode_on_device=True)
-  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  # As the trainer reads it: its replicas' shares of every batch, uint8 images scaled
+  # on the device by the train step.
+  source = splits.sources("synthetic")[0]
+  iterator = iter(strategy.distribute_datasets_from_function(
+      lambda context: batching.train_dataset(source, seed=config.runtime.seed,
+                                             global_batch_size=_BATCH.value, start_example=0,
+                                             input_context=context, decode_on_device=True)))
 
   @tf.function
   def drain(num_steps):  # consumed as the train loop consumes it: next() in a tf.range
@@ -190,7 +193,12 @@ def _pipeline() -> dict:
     for _ in range(num_steps // _STEPS_PER_LOOP.value):
       drain(tf.constant(_STEPS_PER_LOOP.value))
 
-  return {"examples_per_sec": _marginal(run)}
+  rate = _marginal(run)
+  # Reads run in tf.numpy_function: an iterator still alive when the interpreter
+  # finalizes can deadlock its exit (a tf.data thread waits for the GIL forever).
+  del drain, iterator, run
+  gc.collect()
+  return {"examples_per_sec": rate}
 
 
 def _device() -> str:

@@ -25,6 +25,7 @@ _BUILTINS = {  # name -> (module, function); imported on first use
     "tabular": ("input_pipelines.table", "build_tabular"),
     "regression": ("input_pipelines.table", "build_regression"),
     "image_folder": ("input_pipelines.image_folder", "build"),
+    "records": ("input_pipelines.records", "build"),
 }
 
 NAMES = tuple(_BUILTINS)

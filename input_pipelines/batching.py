@@ -1,131 +1,193 @@
-"""Sources -> the tf.data streams the trainer consumes. Owns the data position.
+"""Sources -> the tf.data streams the trainer consumes. Owns which rows form each batch.
 
-The training stream is the concatenation of epochs, epoch e being the training
-set in the order `stateless_shuffle(seed, e)`; global batch k is examples
-[k*B, (k+1)*B) of that stream. So the position (examples used, checkpointed with
-the step) says where a resumed run continues, and the batch sequence is the same
-for any number of replicas or workers (the strategy splits each global batch,
-it never reorders). The same order holds for every indexable source.
+Training: global batch k is positions [s + k*B, s + (k+1)*B) of the stream (s:
+the checkpointed `start_example`), and position p reads the row that
+input_pipelines/order.py gives it (a stateless permutation per (seed, epoch)).
+So the position says where a resumed run continues, and the batches are the
+same for any number of replicas or workers.
 
-Per batch: the source is read at the batch's indices (a vectorized gather from
-memory, or the user's `__getitem__` through `tf.numpy_function`, in parallel);
-then, if `data.preprocess` is set, every training example goes through it with
-the stateless seed (runtime.seed, its position in the stream), so augmentation
-is random yet the same after a resume.
+Who reads what: under `strategy.distribute_datasets_from_function`, each input
+pipeline (one per worker) builds only the per-replica batches of its own
+replicas. Replica r of R (global id; the strategy numbers them worker by
+worker, and hands the elements of a pipeline's dataset to its L local replicas
+in turn) gets positions s + k*B + [r*b, (r+1)*b), b = B/R: a worker reads only
+its share of every global batch, and the replicas' shares add up to the global
+batch whatever R is. Without an input context (the parameter-server workers,
+start-up probes) each element is a whole global batch.
+
+Per element: rows from the order, then the source's `read_leaves` in
+tf.numpy_function (numpy gather from memory, a user's `__getitem__`, or records
+from disk), many elements in parallel (AUTOTUNE, order kept); then the
+source's `assemble` in TensorFlow (decoding); then, if `data.preprocess` is
+set, every example goes through it with the stateless seed (runtime.seed, its
+position), so augmentation is random yet the same after a resume; prefetch.
+
+Eval: every example once, in source order. Eval batch k is examples
+[k*E, min((k+1)*E, N)); replica r gets its slice of ceil(E/R) of them, which
+may be empty on the last batch (it adds nothing to the sums).
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
-indexed: its training stream is `dataset.repeat()`, and a run resumed at example
-p skips the first p examples, so resume is exact when the callable's dataset is
-deterministic (the same elements in the same order every time it is built); the
-skip reads and drops those p examples, which costs time proportional to p.
+indexed: its training stream is `dataset.repeat()`; a run resumed at example p
+skips the first p examples (`skip` reads and drops them: time proportional to
+p), so resume is exact when the callable builds the same elements in the same
+order every time. Every worker builds the whole stream and keeps its replicas'
+share of each global batch (it reads everything, uses 1/workers of it).
 """
+import dataclasses
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines.sources import ArraySource, IndexedSource, Source, StreamSource
+from input_pipelines import order
+from input_pipelines import read_log
+from input_pipelines.sources import ArraySource, IndexableSource, Source, StreamSource
 
 _FOREVER = np.iinfo(np.int64).max
 
 
+@dataclasses.dataclass(frozen=True)
+class _Share:
+  """This input pipeline's replicas: ids first..first+local-1 of `replicas`."""
+  replicas: int = 1
+  first: int = 0
+  local: int = 1
+
+  @classmethod
+  def of(cls, input_context: tf.distribute.InputContext | None) -> "_Share":
+    if input_context is None:
+      return cls()
+    replicas, pipelines = (input_context.num_replicas_in_sync,
+                           input_context.num_input_pipelines)
+    if replicas % pipelines:
+      raise ValueError(f"{replicas} replicas do not split evenly over {pipelines} "
+                       f"input pipelines")
+    local = replicas // pipelines
+    return cls(replicas, input_context.input_pipeline_id * local, local)
+
+
 def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_example: int,
                   preprocess: Callable | None = None, salted: bool = False,
-                  decode_on_device: bool = False) -> tf.data.Dataset:
-  """Infinite stream of global batches `(features, labels)`, from example `start_example`.
+                  input_context: tf.distribute.InputContext | None = None,
+                  stream: str = "train", decode_on_device: bool = False) -> tf.data.Dataset:
+  """Infinite stream of batches `(features, labels)` from example `start_example`: global
+  batches, or with `input_context` the per-replica batches of that pipeline's replicas.
 
   `salted`: for asynchronous (parameter-server) workers, which cannot share one
   stream; each adds the clock at which it builds the pipeline to the seed, so
   no two workers read the same order. `decode_on_device`: leave the source's
   decode (`device_decoder`) to the train step.
   """
+  share = _Share.of(input_context)
+  if global_batch_size % share.replicas:
+    raise ValueError(f"global batch {global_batch_size} does not split over "
+                     f"{share.replicas} replicas")
+  per_replica = global_batch_size // share.replicas
   if isinstance(source, StreamSource):
-    examples = (source.make_dataset().repeat().skip(start_example)
-                .enumerate(start_example).map(lambda position, example: (position, *example)))
-    positioned = examples.batch(global_batch_size, drop_remainder=True)
+    positioned = _stream_train(source, start_example, per_replica, share)
   else:
     num_examples = len(source)
-    first_epoch, offset = divmod(start_example, num_examples)
     order_seed = tf.constant(seed, tf.int64)
     if salted:
       order_seed += tf.cast(tf.timestamp() * 1e6, tf.int64)
+    read = _reader(source, stream, decode=not decode_on_device)
 
-    def epoch_order(epoch):
-      order = tf.random.experimental.stateless_shuffle(
-          tf.range(num_examples, dtype=tf.int64), seed=tf.stack([order_seed, epoch]))
-      return tf.data.Dataset.from_tensor_slices(order)
+    def element(j):  # replica first + j % local of step j // local
+      step, replica = j // share.local, share.first + j % share.local
+      first = start_example + step * global_batch_size + replica * per_replica
+      positions = first + tf.range(per_replica, dtype=tf.int64)
+      return (positions, *read(order.rows(positions, order_seed, num_examples)))
 
-    indices = (tf.data.Dataset.range(first_epoch, _FOREVER)
-               .flat_map(epoch_order)
-               .skip(offset)
-               .enumerate(start_example)
-               .batch(global_batch_size, drop_remainder=True))
-    read = _reader(source, decode=not decode_on_device)
-    positioned = indices.map(lambda positions, rows: (positions, *read(rows)),
-                             num_parallel_calls=tf.data.AUTOTUNE)
+    positioned = tf.data.Dataset.range(_FOREVER).map(element,
+                                                     num_parallel_calls=tf.data.AUTOTUNE)
   if preprocess is not None:
-    positioned = _preprocessed(positioned, preprocess, seed, global_batch_size)
+    positioned = _preprocessed(positioned, preprocess, seed, per_replica)
   return _finish(positioned.map(lambda positions, features, labels: (features, labels)))
 
 
 def eval_dataset(source: Source, *, global_batch_size: int,
+                 input_context: tf.distribute.InputContext | None = None,
                  decode_on_device: bool = False) -> tf.data.Dataset:
-  """Every eval example exactly once, in source order; the last batch may be partial."""
+  """Every eval example exactly once, in source order; the last batch may be partial, and
+  with `input_context` a replica's slice of it may be empty."""
+  share = _Share.of(input_context)
+  per_replica = -(-global_batch_size // share.replicas)
   if isinstance(source, StreamSource):
-    return _finish(source.make_dataset().batch(global_batch_size))
-  indices = tf.data.Dataset.range(len(source)).batch(global_batch_size)
-  return _finish(indices.map(_reader(source, decode=not decode_on_device),
-                             num_parallel_calls=tf.data.AUTOTUNE))
+    return _finish(_stream_eval(source, global_batch_size, per_replica, share))
+  num_examples = len(source)
+  num_batches = -(-num_examples // global_batch_size)
+  read = _reader(source, "eval", decode=not decode_on_device)
+
+  def element(j):
+    step, replica = j // share.local, share.first + j % share.local
+    end = tf.minimum((step + 1) * global_batch_size, num_examples)
+    first = tf.minimum(step * global_batch_size + replica * per_replica, end)
+    return read(tf.range(first, tf.minimum(first + per_replica, end), dtype=tf.int64))
+
+  elements = tf.data.Dataset.range(num_batches * share.local)
+  return _finish(elements.map(element, num_parallel_calls=tf.data.AUTOTUNE))
+
+
+def _stream_train(source: StreamSource, start_example: int, per_replica: int,
+                  share: _Share) -> tf.data.Dataset:
+  """(positions, features, labels) per-replica batches of this pipeline's replicas."""
+  examples = (source.make_dataset().repeat().skip(start_example)
+              .enumerate(start_example).map(lambda position, example: (position, *example)))
+  batches = examples.batch(per_replica, drop_remainder=True)
+  if share.local == share.replicas:
+    return batches
+  def mine(i, batch):  # per-replica batch i is replica i % R of step i // R
+    del batch
+    replica = i % share.replicas
+    return (replica >= share.first) & (replica < share.first + share.local)
+  return batches.enumerate().filter(mine).map(lambda i, batch: batch)
+
+
+def _stream_eval(source: StreamSource, global_batch_size: int, per_replica: int,
+                 share: _Share) -> tf.data.Dataset:
+  def replicas_slices(*batch):
+    def slice_of(replica):
+      return tf.nest.map_structure(
+          lambda t: t[replica * per_replica:(replica + 1) * per_replica], batch)
+    return tf.data.Dataset.range(share.first, share.first + share.local).map(slice_of)
+  return source.make_dataset().batch(global_batch_size).flat_map(replicas_slices)
 
 
 def device_decoder(source: Source) -> Callable | None:
-  """The source's batch decode (e.g. uint8 images -> float32 in [0, 1]), for the step to
-  run on the device: the host then feeds 4x fewer bytes. None if it has none."""
-  return getattr(source, "decode", None)
+  """An in-memory source's batch decode (e.g. uint8 images -> float32 in [0, 1]), for the
+  train step to run on the device: the host then feeds 4x fewer bytes. None if none."""
+  return source.decode if isinstance(source, ArraySource) else None
 
 
-def _reader(source: Source, decode: bool = True) -> Callable:
-  """`rows (int64 [b]) -> (features, labels)` batch, in TensorFlow."""
-  if isinstance(source, ArraySource):
-    # Held in the graph and gathered per batch: one vectorized op.
-    features = tf.nest.map_structure(tf.constant, source.features)
-    labels = tf.constant(source.labels)
-
-    def gather(rows):
-      batch = tf.nest.map_structure(lambda a: tf.gather(a, rows), features)
-      if decode and source.decode is not None:
-        batch = source.decode(batch)
-      return batch, tf.gather(labels, rows)
-    return gather
-  if isinstance(source, IndexedSource):
-    return _indexed_reader(source)
-  raise TypeError(f"cannot index {type(source).__name__}")
-
-
-def _indexed_reader(source: IndexedSource) -> Callable:
-  """The user's `__getitem__` on a batch of rows, through tf.numpy_function."""
-  keys = source.structure  # None: bare-array features
-  leaf_keys = keys if keys is not None else [""]
-  specs = [source.example_spec[k] for k in leaf_keys] + [source.example_spec["labels"]]
+def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callable:
+  """`rows (int64 [b]) -> (features, labels)` batch, in TensorFlow: the source's numpy
+  read in tf.numpy_function (data stays in numpy or on disk, never a graph constant),
+  then its TensorFlow `assemble`."""
+  if not isinstance(source, IndexableSource):
+    raise TypeError(f"cannot index {type(source).__name__}")
+  specs = source.leaf_specs()
+  dtypes = [tf.string if np.dtype(dtype).kind in "SO" else tf.as_dtype(dtype)
+            for _, dtype in specs]
 
   def read_numpy(rows):
-    features, labels = source.read(rows)
-    leaves = [features[k] for k in keys] if keys is not None else [features]
-    return [*leaves, labels]
+    if len(rows) == 0:  # an eval replica's empty slice: do not ask the source
+      return [np.zeros((0, *shape), dtype=object if tf_dtype == tf.string else dtype)
+              for (shape, dtype), tf_dtype in zip(specs, dtypes)]
+    read_log.record(stream, rows)
+    return source.read_leaves(rows)
 
   def read(rows):
-    tensors = tf.numpy_function(read_numpy, [rows], [tf.as_dtype(dtype) for _, dtype in specs],
-                                stateful=False)
-    for tensor, (shape, _) in zip(tensors, specs):
-      tensor.set_shape([None, *shape])
-    *leaves, labels = tensors
-    features = dict(zip(keys, leaves)) if keys is not None else leaves[0]
-    return features, labels
+    leaves = tf.numpy_function(read_numpy, [rows], dtypes, stateful=False)
+    for leaf, (shape, _) in zip(leaves, specs):
+      leaf.set_shape([None, *shape])
+    if not decode:
+      return source.assemble(leaves, decode=False)
+    return source.assemble(leaves)
   return read
 
 
 def _preprocessed(positioned: tf.data.Dataset, preprocess: Callable, seed: int,
-                  global_batch_size: int) -> tf.data.Dataset:
+                  batch_size: int) -> tf.data.Dataset:
   """Per example: `preprocess(features, labels, seed=[runtime.seed, position])`, rebatched."""
   def one(position, features, labels):
     features, labels = preprocess(features, labels, tf.stack([tf.constant(seed, tf.int64),
@@ -133,12 +195,12 @@ def _preprocessed(positioned: tf.data.Dataset, preprocess: Callable, seed: int,
     return position, features, labels
   return (positioned.unbatch()
           .map(one, num_parallel_calls=tf.data.AUTOTUNE)
-          .batch(global_batch_size, drop_remainder=True))
+          .batch(batch_size, drop_remainder=True))
 
 
 def _finish(dataset: tf.data.Dataset) -> tf.data.Dataset:
   options = tf.data.Options()
   options.deterministic = True
-  # The source is a range, not files: shard by data, never try to shard by file.
-  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+  # Each pipeline reads its own share (input contexts); never shard again by file or data.
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
   return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)

@@ -30,6 +30,19 @@ def build_fashion_mnist_sources(data_config: ml_collections.ConfigDict, seed: in
   return build_fashion_mnist(data_config, seed).sources("data.name='fashion_mnist'")
 
 
+def load_files(path: str) -> Splits:
+  """The MNIST family from files alone (the converter's input): a folder of the four IDX
+  files, a folder holding one `*mnist.npz`, or such an .npz file itself."""
+  if os.path.isfile(path) and path.endswith(".npz"):
+    return _load_npz(path)
+  if not os.path.isdir(path):
+    raise DataError(f"{path}: not a folder of IDX files nor an .npz file")
+  npz = sorted(f for f in os.listdir(path) if f.endswith("mnist.npz"))
+  if len(npz) > 1:
+    raise DataError(f"{path}: holds {' and '.join(npz)}; name one of them")
+  return _load_npz(os.path.join(path, npz[0])) if npz else _load(path, "mnist")
+
+
 def _load(directory: str, name: str) -> Splits:
   if not directory:
     return _load_with_keras(name)

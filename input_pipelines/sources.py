@@ -9,6 +9,11 @@
    `(features, labels)` -> `StreamSource` (opaque: it cannot be indexed, so a
    resumed run fast-forwards it; see input_pipelines/batching.py).
 
+Converted data on disk (`data.name='records'`) is a fourth, built-in form,
+`input_pipelines.records.RecordSource`. Every form but the stream is an
+`IndexableSource`: batching reads any set of rows through the same three
+methods, so the order (input_pipelines/order.py) is the same for all of them.
+
 Who owns what: the user's code says what example k is; distloop owns which
 examples form each batch (the order), batching, the split across replicas and
 workers, parallel reads and prefetch. Checks here are numpy only (no
@@ -40,7 +45,27 @@ class Source:
     self.where = where  # e.g. "data.name='tabular' train split", for messages
 
 
-class ArraySource(Source):
+class IndexableSource(Source):
+  """Random access by row, as batching reads it: `read_leaves(rows)` in numpy (run in
+  tf.numpy_function, from several tf.data threads at once: it must be thread-safe),
+  then `assemble(leaves)` in TensorFlow turns those arrays into `(features, labels)`
+  (the place for decoding: a tensor op, parallel per batch, never a graph constant)."""
+
+  def __len__(self) -> int:
+    raise NotImplementedError
+
+  def leaf_specs(self) -> list[tuple[tuple, np.dtype]]:
+    """(per-example shape, dtype) of each array `read_leaves` returns."""
+    raise NotImplementedError
+
+  def read_leaves(self, rows: np.ndarray) -> list[np.ndarray]:
+    raise NotImplementedError
+
+  def assemble(self, leaves: list):
+    raise NotImplementedError
+
+
+class ArraySource(IndexableSource):
   """Examples held in memory. `decode` (built-ins only) maps a batch of stored
   features to what the model sees, in TensorFlow (e.g. uint8 -> float in [0, 1])."""
 
@@ -75,8 +100,30 @@ class ArraySource(Source):
                 if isinstance(self.features, dict) else take(self.features))
     return features, take(self.labels)
 
+  # Read through numpy, never embedded in the graph: no 2 GB GraphDef limit, no copy.
+  def _keys(self):
+    return sorted(self.features) if isinstance(self.features, dict) else None
 
-class IndexedSource(Source):
+  def leaf_specs(self):
+    arrays = [self.features[k] for k in self._keys()] if self._keys() else [self.features]
+    return [(a.shape[1:], a.dtype) for a in [*arrays, self.labels]]
+
+  def read_leaves(self, rows):
+    keys = self._keys()
+    arrays = [self.features[k] for k in keys] if keys else [self.features]
+    return [np.take(a, rows, axis=0) for a in [*arrays, self.labels]]
+
+  def assemble(self, leaves, decode: bool = True):
+    """`decode=False`: leave `self.decode` to the train step, on the device."""
+    *features, labels = leaves
+    keys = self._keys()
+    batch = dict(zip(keys, features)) if keys else features[0]
+    if decode and self.decode is not None:
+      batch = self.decode(batch)
+    return batch, labels
+
+
+class IndexedSource(IndexableSource):
   """A user's random-access source, read a batch of indices at a time.
 
   `example_spec` is learnt from the first examples; `read(indices)` checks every
@@ -111,6 +158,21 @@ class IndexedSource(Source):
     features, labels = self._call(indices)
     self._check(indices, features, labels)
     return features, labels
+
+  def leaf_specs(self):
+    keys = self.structure if self.structure is not None else [""]
+    return [self.example_spec[k] for k in [*keys, "labels"]]
+
+  def read_leaves(self, rows):
+    features, labels = self.read(rows)
+    leaves = [features[k] for k in self.structure] if self.structure is not None else [features]
+    return [*leaves, labels]
+
+  def assemble(self, leaves):
+    *features, labels = leaves
+    if self.structure is not None:
+      return dict(zip(self.structure, features)), labels
+    return features[0], labels
 
   def _call(self, indices: np.ndarray):
     try:

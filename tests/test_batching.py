@@ -113,3 +113,114 @@ def test_a_stream_source_resumes_by_skipping_to_its_position():
   assert labels(6, 2) == [[6, 0, 1], [2, 3, 4]]
   eval_batches = [l.numpy().tolist() for _, l in batching.eval_dataset(stream, global_batch_size=3)]
   assert eval_batches == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_the_order_is_index_shuffle_of_seed_and_epoch_per_position():
+  """Position p reads row index_shuffle(p % N, [seed, p // N], N - 1): no N-sized array."""
+  import tensorflow as tf
+  from input_pipelines import order
+  positions = np.arange(0, 250, dtype=np.int64)
+  rows = order.rows(positions, 7, 100).numpy()
+  expected = [int(tf.random.experimental.index_shuffle(p % 100, [7, p // 100], 99)) for p in positions]
+  assert rows.tolist() == expected
+  huge = order.rows(np.array([10**15 + 3], np.int64), 7, 10**9).numpy()  # N = 10^9 is fine
+  assert 0 <= huge[0] < 10**9
+
+
+class _Context:
+  """A tf.distribute.InputContext stand-in: pipeline `id` of `pipelines`, `replicas` in all."""
+
+  def __init__(self, pipelines, id_, replicas):
+    self.num_input_pipelines, self.input_pipeline_id = pipelines, id_
+    self.num_replicas_in_sync = replicas
+
+
+def _per_replica(dataset, num_elements):
+  return [np.round(images.numpy()[:, 0, 0, 0] * 255).astype(int).tolist()
+          for images, _ in dataset.take(num_elements)]
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 2), (2, 2), (2, 4), (3, 3)])
+def test_each_input_pipeline_builds_its_replicas_share_of_every_global_batch(pipelines, replicas):
+  source, steps, batch = _splits()[0], 7, 12
+  full = _first_pixels(batching.train_dataset(source, seed=3, global_batch_size=batch,
+                                              start_example=5), steps)
+  local = replicas // pipelines
+  shares = [_per_replica(batching.train_dataset(
+      source, seed=3, global_batch_size=batch, start_example=5,
+      input_context=_Context(pipelines, i, replicas)), steps * local) for i in range(pipelines)]
+  for step in range(steps):
+    # Replica r = pipeline * local + element % local, in order: the global batch, split.
+    got = sum((shares[i][step * local + d] for i in range(pipelines) for d in range(local)), [])
+    assert got == full[step]
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 3), (3, 3), (2, 4)])
+def test_eval_shares_cover_every_example_once_with_empty_slices(pipelines, replicas):
+  source, batch = _splits(n_test=23)[1], 10  # batches 10, 10, 3: some replicas get nothing
+  local = replicas // pipelines
+  seen, sizes = [], []
+  for i in range(pipelines):
+    elements = _per_replica(batching.eval_dataset(
+        source, global_batch_size=batch, input_context=_Context(pipelines, i, replicas)), 999)
+    assert len(elements) == 3 * local  # every replica takes part in every eval step
+    seen += sum(elements, [])
+    sizes += [len(e) for e in elements]
+  assert sorted(seen) == list(range(23)) and 0 in sizes
+
+
+def test_arrays_in_memory_are_not_graph_constants():
+  """The dataset's graph stays small however big the arrays are (no 2 GB GraphDef limit)."""
+  big = Splits(np.zeros((20_000, 28, 28), np.uint8), np.zeros(20_000, np.int64),
+               np.zeros((10, 28, 28), np.uint8), np.zeros(10, np.int64)).sources("test")[0]
+  dataset = batching.train_dataset(big, seed=0, global_batch_size=8, start_example=0)
+  graph_bytes = len(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  assert graph_bytes < 100_000 < big.features.nbytes
+
+
+def _stream(n=100):
+  """An opaque pipeline of examples whose labels are their index (images: index / 255)."""
+  import tensorflow as tf
+  from input_pipelines.sources import StreamSource
+  def make():
+    ids = tf.range(n, dtype=tf.int64)
+    return tf.data.Dataset.from_tensor_slices(ids).map(
+        lambda k: (tf.fill([28, 28, 1], tf.cast(k % 256, tf.float32) / 255.0), k))
+  return StreamSource(make, where="test")
+
+
+def _labels(dataset, num_batches):
+  return [labels.numpy().tolist() for _, labels in dataset.take(num_batches)]
+
+
+@pytest.mark.parametrize("start", [0, 30, 95, 210])
+def test_an_opaque_pipeline_resumes_by_skipping_the_examples_used(start):
+  """repeat() then skip(start): example p of the resumed stream is example p of the full one."""
+  full = sum(_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=30,
+                                            start_example=0), 12), [])
+  resumed = sum(_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=30,
+                                               start_example=start), 4), [])
+  assert resumed == full[start:start + 120]
+  assert full[:200] == [p % 100 for p in range(200)]  # the stream's own order, repeated
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(2, 2), (2, 4)])
+def test_an_opaque_pipeline_splits_each_global_batch_over_workers(pipelines, replicas):
+  full = _labels(batching.train_dataset(_stream(), seed=0, global_batch_size=12,
+                                        start_example=7), 5)
+  local = replicas // pipelines
+  shares = [_labels(batching.train_dataset(_stream(), seed=0, global_batch_size=12,
+                                           start_example=7,
+                                           input_context=_Context(pipelines, i, replicas)),
+                    5 * local) for i in range(pipelines)]
+  for step in range(5):
+    assert sum((shares[i][step * local + d] for i in range(pipelines) for d in range(local)),
+               []) == full[step]
+
+
+def test_an_opaque_eval_pipeline_counts_every_example_once():
+  seen = []
+  for i in range(2):
+    seen += sum(_labels(batching.eval_dataset(_stream(23), global_batch_size=10,
+                                              input_context=_Context(2, i, 4)), 99), [])
+  assert sorted(seen) == list(range(23))

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -50,26 +51,36 @@ def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
+  # Each failure is turned into (code, line) inside its except block and the process
+  # exits after it: a live traceback can hold a tf.data iterator whose reads run in
+  # tf.numpy_function, and one still alive when the interpreter finalizes can
+  # deadlock the exit (its thread waits for the GIL forever).
+  immediately = False
   try:
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
-    _fail(EXIT_BAD_INPUT, e)
+    code, line = EXIT_BAD_INPUT, str(e)
   except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
-    _fail(EXIT_FAILURE, e)
+    code, line = EXIT_FAILURE, str(e)
   except Preempted as e:
     logging.warning("%s", e)
-    sys.exit(EXIT_PREEMPTED)
+    code, line = EXIT_PREEMPTED, None
   except Exception as e:  # pylint: disable=broad-except
-    if _XLA_NOT_DETERMINISTIC in str(e):
-      _fail(EXIT_BAD_INPUT, "runtime.jit_compile=true cannot be runtime.deterministic=true for "
-                            "this model: XLA has no deterministic kernel for one of its ops "
-                            f"({_first_op_line(str(e))}); set one of them to false")
     data_error = _data_error_inside(e)
-    if data_error is None:
-      raise
-    # tf.data threads may still be inside the source's __getitem__: a normal interpreter
-    # shutdown can wait on them forever, so leave at once (the trainer is closed).
-    _fail(EXIT_BAD_INPUT, data_error, immediately=True)
+    if _XLA_NOT_DETERMINISTIC in str(e):
+      code, line = EXIT_BAD_INPUT, (
+          "runtime.jit_compile=true cannot be runtime.deterministic=true for this model: XLA "
+          f"has no deterministic kernel for one of its ops ({_first_op_line(str(e))}); set "
+          "one of them to false")
+    elif data_error is not None:
+      # tf.data threads may still be inside the source's __getitem__: leave at once.
+      code, line, immediately = EXIT_BAD_INPUT, data_error, True
+    else:
+      traceback.print_exc()
+      code, line = EXIT_FAILURE, None
+  if line is not None:
+    _fail(code, line, immediately=immediately)
+  sys.exit(code)
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:

@@ -119,7 +119,7 @@ class Trainer:
     loss_fn = losses.resolve(config.train.loss)
     metric_fns = metrics.resolve(config.eval, config.train.loss)
     # A few real training examples: the model's input spec, the start-up checks, samples.
-    self._probe = next(iter(self._train_dataset(start_example=0,
+    self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
     self.features_spec = tf.nest.map_structure(
         lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe[0])
@@ -285,15 +285,18 @@ class Trainer:
     hold_points.hold("eval")
     if self._eval_pass is None:
       decode = batching.device_decoder(self.eval_source)
-      dataset = batching.eval_dataset(self.eval_source,
-                                      global_batch_size=self.config.eval.global_batch_size,
-                                      decode_on_device=decode is not None)
+
+      def dataset(input_context=None):
+        return batching.eval_dataset(self.eval_source,
+                                     global_batch_size=self.config.eval.global_batch_size,
+                                     input_context=input_context,
+                                     decode_on_device=decode is not None)
       if self.coordinator:
-        self._eval_pass = steps.make_eval_pass(None, self.model, self._totals, dataset, decode)
-      else:
+        self._eval_pass = steps.make_eval_pass(None, self.model, self._totals, dataset(), decode)
+      else:  # each worker reads only its replicas' slices of every eval batch
         self._eval_pass = steps.make_eval_pass(
             self.strategy, self.model, self._totals,
-            self.strategy.experimental_distribute_dataset(dataset), decode)
+            self.strategy.distribute_datasets_from_function(dataset), decode)
     result = self._totals.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name]
                                           for name in ("loss", *self._metric_names)})
@@ -367,12 +370,13 @@ class Trainer:
                   f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")
 
   def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
-                     salted: bool = False, decode_on_device: bool = False) -> tf.data.Dataset:
+                     salted: bool = False, input_context=None, stream: str = "train",
+                     decode_on_device: bool = False) -> tf.data.Dataset:
     return batching.train_dataset(
         self.train_source, seed=self.config.runtime.seed,
         global_batch_size=global_batch_size or self.config.train.global_batch_size,
         start_example=start_example, preprocess=self._preprocess, salted=salted,
-        decode_on_device=decode_on_device)
+        input_context=input_context, stream=stream, decode_on_device=decode_on_device)
 
   # -- state in and out ---------------------------------------------------------
 
@@ -475,14 +479,18 @@ class Trainer:
     return Position(restored.step, reached.examples)
 
   def _batches_from(self, position: Position):
-    def dataset(salted=False):
-      return self._train_dataset(start_example=position.examples, salted=salted,
-                                 decode_on_device=self._device_decode is not None)
+    on_device = self._device_decode is not None  # uint8 across, scaled by the step
     if self.coordinator:
       # Asynchronous workers cannot split one stream exactly: each reads its own
       # order of the data (a per-worker salt), from the checkpointed position.
-      return iter(self.coordinator.create_per_worker_dataset(lambda: dataset(salted=True)))
-    return iter(self.strategy.experimental_distribute_dataset(dataset()))
+      return iter(self.coordinator.create_per_worker_dataset(
+          lambda: self._train_dataset(start_example=position.examples, salted=True,
+                                      decode_on_device=on_device)))
+    # Each worker builds only its replicas' shares of every global batch.
+    return iter(self.strategy.distribute_datasets_from_function(
+        lambda input_context: self._train_dataset(start_example=position.examples,
+                                                  input_context=input_context,
+                                                  decode_on_device=on_device)))
 
   def export(self, step: int) -> str | None:
     """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""

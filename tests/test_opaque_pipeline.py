@@ -1,0 +1,37 @@
+"""An opaque tf.data pipeline (a callable data split) resumes by skipping the examples used:
+exact when the callable rebuilds the same stream, as this shuffled one does. SIGTERM, resume,
+and the weights are those of the uninterrupted run."""
+import re
+
+import pytest
+
+from tests.cli import REPO, run_trainer, train_ok
+from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+
+_FLAGS = ["--config=synthetic", f"--config.data.name={REPO}/tests/stream_plugins.py:shuffled_stream",
+          "--config.train.steps=60", "--config.train.global_batch_size=48",
+          "--config.train.steps_per_loop=5", "--config.checkpoint.interval=50",
+          "--config.data.num_train_examples=1000", "--config.runtime.deterministic=true"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("opaque_uninterrupted")
+  summary = train_ok(model_dir, *_FLAGS)
+  assert summary["eval_accuracy"] > 0.5  # it learns from the stream
+  return checkpoint_arrays(model_dir, 60)
+
+
+def test_sigterm_then_resume_skips_to_the_same_examples(tmp_path, uninterrupted):
+  process = TrainerProcess(tmp_path, *_FLAGS)
+  try:
+    process.wait_for(r"step 25/60")  # mid-epoch: an epoch is 20.8 steps
+    process.send()
+    assert process.wait() == 42, process.output
+  finally:
+    process.kill()
+  stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
+  resumed = run_trainer(tmp_path, *_FLAGS)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
+  assert_same_state(checkpoint_arrays(tmp_path, 60), uninterrupted, atol=1e-6)
