@@ -14,6 +14,10 @@ measures one thing in this (fresh) process and prints one `RESULT {json}` line
   `strategy.run(step)` in one tf.function, `optimizer.apply_gradients` inside
   the replica step (Keras 3 all-reduces there by itself, which is right for a
   loop that does not reduce explicitly), no metrics, no checks, no summaries.
+- `bare_xla`: the same loop with the whole step -- forward, backward and the Adam
+  update -- compiled by XLA (`jit_compile=True` on the replica step): the second
+  ceiling, the one that matters on accelerators. One replica only (XLA cannot
+  compile the update's cross-replica part).
 - `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
   `distribute_datasets_from_function`, as the trainer consumes it; the synthetic
   arrays in memory, or converted records on disk with --data_dir), drained by a
@@ -39,8 +43,10 @@ from absl import app
 from absl import flags
 import ml_collections
 
-_RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "pipeline"], "what to measure",
-                            required=True)
+_RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "bare_xla", "pipeline"],
+                            "what to measure", required=True)
+_MODEL = flags.DEFINE_enum("model", "mnist_cnn", ["mnist_cnn", "mlp"], "the model of every runner")
+_MLP_UNITS = flags.DEFINE_integer("mlp_units", 128, "--model=mlp: hidden units")
 _BATCH = flags.DEFINE_integer("batch", 32, "global batch size")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "1: default strategy; N: mirrored on N CPUs")
 _STEPS = flags.DEFINE_integer("steps", 1000, "steps of the long timed run (the short one: 1/4)")
@@ -64,6 +70,8 @@ def _setup():
   from configs import synthetic  # pylint: disable=g-import-not-at-top
   from input_pipelines import synthetic as synthetic_data  # pylint: disable=g-import-not-at-top
   config = synthetic.get_config()
+  with config.unlocked():
+    config.model.name, config.model.mlp_units = _MODEL.value, _MLP_UNITS.value
   splits = synthetic_data.build(config.data, _SEED)
   if _REPLICAS.value > 1:  # logical devices must exist before the runtime starts
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -131,7 +139,7 @@ def _fit() -> dict:
   return {"examples_per_sec": rate}
 
 
-def _bare() -> dict:
+def _bare(jit_compile: bool = False) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
@@ -153,6 +161,11 @@ def _bare() -> dict:
     grads = tape.gradient(loss, variables)
     optimizer.apply_gradients(zip(grads, variables))  # Keras all-reduces in replica context
 
+  if jit_compile:
+    if _REPLICAS.value > 1:
+      raise ValueError("bare_xla runs on one replica only")
+    step = tf.function(step, jit_compile=True)
+
   @tf.function
   def loop(num_steps):
     for _ in tf.range(num_steps):
@@ -170,6 +183,8 @@ def _pipeline() -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
   strategy, splits, config = _setup()
+  # As the trainer reads it: its replicas' shares of every batch, uint8 images scaled
+  # on the device by the train step.
   source = splits.sources("synthetic")[0]
   if _DATA_DIR.value:
     from input_pipelines import records  # pylint: disable=g-import-not-at-top
@@ -177,7 +192,7 @@ def _pipeline() -> dict:
   iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop.py reads
       lambda context: batching.train_dataset(source, seed=config.runtime.seed,
                                              global_batch_size=_BATCH.value, start_example=0,
-                                             input_context=context)))
+                                             input_context=context, decode_on_device=True)))
 
   @tf.function
   def drain(num_steps):  # consumed as the train loop consumes it: next() in a tf.range
@@ -202,6 +217,15 @@ def _pipeline() -> dict:
   return {"examples_per_sec": rate}
 
 
+def _device() -> str:
+  """What ran the steps: the first GPU's name, else the CPU."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = tf.config.list_physical_devices("GPU")
+  if gpus:
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+  return "CPU"
+
+
 def _one_line(error: Exception) -> str:
   """The gist of a (often multi-page) TensorFlow error."""
   text = re.sub(r" \(defined @ [^)]*\)", "", str(error))  # source paths of the variable
@@ -218,7 +242,9 @@ def main(argv):
   del argv
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
   try:
-    result = {"fit": _fit, "bare": _bare, "pipeline": _pipeline}[_RUNNER.value]()
+    runners = {"fit": _fit, "bare": _bare, "bare_xla": lambda: _bare(jit_compile=True),
+               "pipeline": _pipeline}
+    result = {**runners[_RUNNER.value](), "device": _device()}
   except Exception as e:  # pylint: disable=broad-except
     print("ERROR " + _one_line(e), flush=True)
     raise

@@ -2,7 +2,9 @@
 
 Answers "what does the readable loop cost?": steady-state training examples/s of
 (a) the distloop CLI, (b) Keras `model.fit` at its best setting and (c) a bare
-minimal loop (the ceiling), all on the same seed CNN, Adam(1e-3), global batch,
+minimal loop (the ceiling) and (c') the same loop with the whole step under XLA
+(the accelerator ceiling; one replica), all on the same model (the seed CNN, or
+`--model=mlp --mlp_units=8` for per-step overhead), Adam(1e-3), global batch,
 strategy and synthetic data, at each --batches x --replicas. Also: (d) what
 distloop's input pipeline delivers alone, (e) what an async checkpoint every
 100 steps costs, (f) the peak RSS of every run. Prints a markdown report (and
@@ -60,6 +62,14 @@ _CHECKPOINT_INTERVAL = flags.DEFINE_integer("checkpoint_interval", 100,
                                             "(e): steps between checkpoints of the run "
                                             "compared with one that saves only at the end")
 _OUTPUT = flags.DEFINE_string("output", "", "also write the report to this file")
+_MODEL = flags.DEFINE_enum("model", "mnist_cnn", ["mnist_cnn", "mlp"], "the model of every run")
+_MLP_UNITS = flags.DEFINE_integer("mlp_units", 128, "--model=mlp: hidden units (8: a step "
+                                  "that is nearly all op dispatch, as on a GPU)")
+_FIT_SETTINGS = flags.DEFINE_list("fit_settings", [],
+                                  "fit settings to try, as STEPS_PER_EXECUTION:jit|nojit "
+                                  "(default: {1, steps_per_loop} x {jit, nojit})")
+_CHECKPOINT_COST = flags.DEFINE_bool("checkpoint_cost", True, "measure (e)")
+_PIPELINE = flags.DEFINE_bool("pipeline", True, "measure (d)")
 _QUICK = flags.DEFINE_bool("quick", False,
                            "a smoke test: 1 repeat, 200 steps, fit's and the checkpoint "
                            "baseline's runs reused; its numbers are noise")
@@ -94,7 +104,8 @@ def _runner(name: str, batch: int, replicas: int, steps: int, *extra: str,
   """One measurement of benchmarks/runners.py (fit, bare, pipeline) in a fresh process."""
   command = [sys.executable, "-m", "benchmarks.runners", f"--runner={name}", f"--batch={batch}",
              f"--replicas={replicas}", f"--steps={steps}",
-             f"--steps_per_loop={_STEPS_PER_LOOP.value}", *extra]
+             f"--steps_per_loop={_STEPS_PER_LOOP.value}", f"--model={_MODEL.value}",
+             f"--mlp_units={_MLP_UNITS.value}", *extra]
   stdout, stderr, code, peak_rss_mb = _run_child(command)
   for line in reversed(stdout.splitlines()):
     if line.startswith("RESULT ") and code == 0:
@@ -113,7 +124,8 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
         f"--config.train.steps_per_loop={_STEPS_PER_LOOP.value}",
         f"--config.checkpoint.interval={checkpoint_interval or steps}",
         f"--config.runtime.strategy={'default' if replicas == 1 else 'mirrored'}",
-        f"--config.runtime.num_cpu_devices={replicas}"]
+        f"--config.runtime.num_cpu_devices={replicas}",
+        f"--config.model.name={_MODEL.value}", f"--config.model.mlp_units={_MLP_UNITS.value}"]
     _, stderr, code, peak_rss_mb = _run_child(command)
     if code != 0:
       raise _failure(command, code, stderr)
@@ -170,6 +182,8 @@ def _sweep_steps(batch: int) -> int:
 
 
 def _fit_settings() -> list[tuple[int, bool]]:
+  if _FIT_SETTINGS.value:
+    return [(int(spec.split(":")[0]), spec.split(":")[1] == "jit") for spec in _FIT_SETTINGS.value]
   return [(steps_per_execution, jit_compile)
           for steps_per_execution in (1, _STEPS_PER_LOOP.value) for jit_compile in (False, True)]
 
@@ -215,17 +229,19 @@ def _measure_training(batch: int, replicas: int, repeats: int) -> dict:
     raise SystemExit(f"fit failed in every setting at batch {batch}, {replicas} replica(s)")
   best = max(working, key=lambda s: working[s]["examples_per_sec"])
 
-  runs = {"distloop": [], "fit": [], "bare": []}
+  runs = {"distloop": [], "fit": [], "bare": [], "bare_xla": []}
   for _ in range(repeats):
     runs["distloop"].append(_distloop(batch, replicas, steps))
-    if _QUICK.value:  # a smoke test: the winning setting's run is fit's one run
+    if _QUICK.value or len(_fit_settings()) == 1:  # the one setting's run is fit's run
       runs["fit"].append(working[best])
     else:
       runs["fit"].append(_runner("fit", batch, replicas, steps, *_fit_flags(best)))
     runs["bare"].append(_runner("bare", batch, replicas, steps))
-    _progress(f"  batch {batch}, {replicas} replica(s), {steps} steps: distloop / fit / bare = "
-              + " / ".join(f"{runs[name][-1]['examples_per_sec']:.0f}" for name in runs)
-              + " ex/s")
+    if replicas == 1:
+      runs["bare_xla"].append(_runner("bare_xla", batch, replicas, steps))
+    _progress(f"  batch {batch}, {replicas} replica(s), {steps} steps: distloop / fit / bare "
+              "/ bare_xla = " + " / ".join(f"{runs[name][-1]['examples_per_sec']:.0f}"
+                                           for name in runs if runs[name]) + " ex/s")
   return {"steps": steps, "settings": settings, "best": best, "runs": runs}
 
 
@@ -246,6 +262,11 @@ def _measure_checkpoint_cost(batch: int, replicas: int, repeats: int,
 
 
 # -- the report ----------------------------------------------------------------
+
+
+def _model_name() -> str:
+  return ("seed CNN" if _MODEL.value == "mnist_cnn"
+          else f"MLP with {_MLP_UNITS.value} hidden units")
 
 
 def _machine() -> list[str]:
@@ -307,15 +328,18 @@ def _training_section(training: dict) -> list[str]:
   lines = ["## Training throughput (examples/s)", "",
            "Median of the fresh-process runs (min-max in parentheses).", "",
            "| batch | replicas | steps | distloop | distloop, summary.json | fit (best setting) | "
-           "bare loop | distloop / fit | distloop / bare |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "bare loop | bare loop, whole step XLA | distloop / fit | distloop / bare | "
+           "distloop / bare XLA |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for (batch, replicas), result in training.items():
     runs = result["runs"]
     ours, fit, bare = (_median(runs[name]) for name in ("distloop", "fit", "bare"))
+    xla = _median(runs["bare_xla"]) if runs["bare_xla"] else None
     lines.append(
         f"| {batch} | {replicas} | {result['steps']} | {_spread(runs['distloop'])} | "
         f"{_spread(runs['distloop'], 'summary_examples_per_sec')} | {_spread(runs['fit'])} | "
-        f"{_spread(runs['bare'])} | {ours / fit:.2f}x | {ours / bare:.2f}x |")
+        f"{_spread(runs['bare'])} | {_spread(runs['bare_xla']) if xla else '-'} | "
+        f"{ours / fit:.2f}x | {ours / bare:.2f}x | {f'{ours / xla:.2f}x' if xla else '-'} |")
   lines += ["", "### fit's settings", "",
             f"One process each, {{1, {_STEPS_PER_LOOP.value}}} steps_per_execution x jit_compile, "
             "at half the steps (at least 4 loops); the fastest (bold) is the fit column above.",
@@ -449,31 +473,35 @@ def main(argv):
     for replicas in replica_counts:
       _progress(f"training: batch {batch}, {replicas} replica(s)")
       training[batch, replicas] = _measure_training(batch, replicas, repeats)
-  for batch in batches:
+  for batch in batches if _PIPELINE.value else []:
     for replicas in replica_counts:
       pipeline[batch, replicas] = [_runner("pipeline", batch, replicas, _steps(batch))
                                    for _ in range(repeats)]
       _progress(f"pipeline: batch {batch}, {replicas} replica(s): "
                 f"{_median(pipeline[batch, replicas]):.0f} ex/s")
-  checkpoint_batch = min(batches)
-  checkpoint_replicas = 1 if 1 in replica_counts else replica_counts[0]
-  _progress(f"checkpoint cost: batch {checkpoint_batch}, {checkpoint_replicas} replica(s)")
-  checkpoint_cost = _measure_checkpoint_cost(
-      checkpoint_batch, checkpoint_replicas, repeats,
-      training[checkpoint_batch, checkpoint_replicas]["runs"]["distloop"])
+  checkpoint_cost = None
+  if _CHECKPOINT_COST.value:
+    checkpoint_batch = min(batches)
+    checkpoint_replicas = 1 if 1 in replica_counts else replica_counts[0]
+    _progress(f"checkpoint cost: batch {checkpoint_batch}, {checkpoint_replicas} replica(s)")
+    checkpoint_cost = _measure_checkpoint_cost(
+        checkpoint_batch, checkpoint_replicas, repeats,
+        training[checkpoint_batch, checkpoint_replicas]["runs"]["distloop"])
+  device = next(iter(training.values()))["runs"]["bare"][0].get("device", "unknown")
 
   report = "\n".join([
       "# distloop throughput vs Keras fit vs a bare loop", "",
       *_machine(),
+      f"- device that ran the steps: {device}",
       f"- other processes used {foreign_load.share():.0%} of the machine's CPU time while this "
       "ran (0% = a quiet machine; more makes every number noisier)", "",
       "Command: `" + " ".join(["python -m benchmarks.throughput", *sys.argv[1:]]) + "`", "",
       f"Every number is the median of {repeats} fresh process(es); distloop, fit and bare "
-      "alternate. Synthetic data, the seed CNN, Adam(1e-3), "
+      f"alternate. Synthetic data, the {_model_name()}, Adam(1e-3), "
       f"{_STEPS_PER_LOOP.value} steps per loop.", "",
       *_training_section(training),
-      *_pipeline_section(pipeline, training),
-      *_checkpoint_section(checkpoint_cost),
+      *(_pipeline_section(pipeline, training) if pipeline else []),
+      *(_checkpoint_section(checkpoint_cost) if checkpoint_cost else []),
       *_memory_section(training),
       _NOTES])
   print(report)

@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved
+  config.checkpoint.interval_seconds = 0.0  # also save when this much wall time passed since the last save (at a loop boundary); 0 = off
   config.checkpoint.max_to_keep = 3    # newest checkpoints kept on disk
   config.checkpoint.async_save = True  # write in the background while training goes on
   config.checkpoint.keep_period = 0    # also keep every step divisible by this forever; 0 = off
@@ -74,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
   config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
   config.runtime.profile_steps = ""   # "START,END": a tf.profiler trace of those steps into tensorboard/
-  config.runtime.jit_compile = False  # XLA for the forward/backward pass (slower for this CNN on CPU: measured)
+  config.runtime.jit_compile = "auto"  # XLA for the whole step: "true" | "false" | "auto" (= on GPU/TPU, off on CPU: measured)
   config.runtime.mixed_precision = "float32"  # float32 | bfloat16 | float16 (with dynamic loss scaling)
   config.runtime.slurm_port_base = 8888  # Slurm clusters: the first gRPC port on every node
   return config

@@ -88,7 +88,7 @@ def build(data_config: ml_collections.ConfigDict, seed: int
           ) -> tuple[ImageFolderSource, ImageFolderSource]:
   """(train, eval) sources from `data.dir`; lists files, decodes none."""
   size, channels = _check_fields(data_config)
-  root = data_config.dir
+  root = os.path.expanduser(data_config.dir)
   if not root:
     raise DataError("data.dir: empty; image_folder reads data.dir/train/<class>/<image>")
   if not os.path.isdir(root):
@@ -117,8 +117,8 @@ def build(data_config: ml_collections.ConfigDict, seed: int
     eval_paths = [p for p, held in zip(paths, eval_share) if held]
     train_labels, eval_labels = labels[~eval_share], labels[eval_share]
 
-  make = lambda p, l: ImageFolderSource(p, l, classes, image_size=size, channels=channels)  # pylint: disable=unnecessary-lambda-assignment
-  return make(train_paths, train_labels), make(eval_paths, eval_labels)
+  return (ImageFolderSource(train_paths, train_labels, classes, image_size=size, channels=channels),
+          ImageFolderSource(eval_paths, eval_labels, classes, image_size=size, channels=channels))
 
 
 def _check_fields(data_config) -> tuple[int, int]:

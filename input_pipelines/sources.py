@@ -113,11 +113,12 @@ class ArraySource(IndexableSource):
     arrays = [self.features[k] for k in keys] if keys else [self.features]
     return [np.take(a, rows, axis=0) for a in [*arrays, self.labels]]
 
-  def assemble(self, leaves):
+  def assemble(self, leaves, decode: bool = True):
+    """`decode=False`: leave `self.decode` to the train step, on the device."""
     *features, labels = leaves
     keys = self._keys()
     batch = dict(zip(keys, features)) if keys else features[0]
-    if self.decode is not None:
+    if decode and self.decode is not None:
       batch = self.decode(batch)
     return batch, labels
 

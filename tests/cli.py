@@ -22,8 +22,13 @@ class Result:
 
 def run_trainer(model_dir, *flags: str, timeout: float = 600, env: dict | None = None) -> Result:
   command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", *flags]
-  completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                             cwd=REPO, env={**os.environ, **(env or {})})
+  try:
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                               cwd=REPO, env={**os.environ, **(env or {})})
+  except subprocess.TimeoutExpired as e:  # say where it was, not only that it hung
+    output = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+    raise AssertionError(f"trainer still running after {timeout} s; its log ends:\n"
+                         f"{(output or '')[-3000:]}") from None
   return Result(completed.returncode, completed.stdout, completed.stderr)
 
 

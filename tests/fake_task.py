@@ -11,7 +11,8 @@ A chief first waits for every server of its cluster to start, as a coordinator w
 
 ACTION: `exit:N`; `crash` (SIGKILL itself); `crash_once` (crash on the first start, then
 behave as if not named); `until_signal` (SIGTERM/SIGINT -> exit 42); `until_go` (exit 0
-once DIR/go exists); `serve` (until a signal kills it). Other flags (the trainer's) are ignored.
+once DIR/go exists); `serve` (until a signal kills it); `starting` (dies of SIGTERM/SIGINT, as a
+trainer does before its handler is installed). Other flags (the trainer's) are ignored.
 """
 import argparse
 import json
@@ -58,7 +59,7 @@ def main() -> int:
     stop.append(signum)
 
   for signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(signum, on_signal)
+    signal.signal(signum, signal.SIG_DFL if action == "starting" else on_signal)
 
   pids = os.path.join(args.state_dir, "pids")
   starts = sum(line.split()[0] == name for line in _lines(pids))
@@ -80,7 +81,7 @@ def main() -> int:
     return int(action.split(":")[1])
   if action == "crash":
     os.kill(os.getpid(), signal.SIGKILL)
-  while True:  # until_signal, until_go, serve
+  while True:  # until_signal, until_go, serve, starting
     if action == "until_signal" and stop:
       print(f"{name} stopping on {signal.Signals(stop[0]).name}", flush=True)
       return 42

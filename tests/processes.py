@@ -2,6 +2,7 @@
 
 Tests react to what the trainer says (e.g. "step 35/") instead of sleeping.
 """
+import functools
 import os
 import queue
 import re
@@ -12,19 +13,47 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 from tests.cli import REPO, run_python
 
 
+LOOPBACK_SKIP = "multi-process TensorFlow tests skipped"
+
+
+@functools.cache
+def loopback_unavailable() -> str | None:
+  """Why the multi-process tests cannot keep TensorFlow's gRPC servers on loopback
+  (a private network namespace), or None if they can."""
+  missing = [tool for tool in ("unshare", "ip") if not shutil.which(tool)]
+  if os.geteuid() != 0 or missing:
+    why = "not root" if os.geteuid() != 0 else f"{' and '.join(missing)} not found"
+  else:
+    probe = subprocess.run(["unshare", "--net", "ip", "link", "set", "lo", "up"],
+                           capture_output=True, text=True)
+    if probe.returncode == 0:
+      return None
+    why = f"unshare --net failed ({probe.stderr.strip()[:200]})"
+  return (f"{LOOPBACK_SKIP}: {why}; TensorFlow's gRPC servers listen on 0.0.0.0 whatever "
+          f"TF_CONFIG says, so these tests run only in a private network namespace "
+          f"(root, unshare and ip from iproute2, as in CI)")
+
+
+needs_loopback = pytest.mark.skipif(loopback_unavailable() is not None,
+                                    reason=str(loopback_unavailable()))
+
+
 def loopback_only() -> list[str]:
   """A command prefix that runs a process tree in a private network namespace with
-  only 127.0.0.1 up, when we may (root, as in CI).
+  only 127.0.0.1 up; skips the calling test when that is impossible.
 
   TensorFlow's gRPC server listens on 0.0.0.0 whatever address TF_CONFIG gives
   (grpc_server_lib.cc); inside the namespace nothing but loopback exists.
+  Mark a test `@needs_loopback` too, so it skips before its fixtures run.
   """
-  if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
-    return []
+  reason = loopback_unavailable()
+  if reason is not None:
+    pytest.skip(reason)
   return ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
 
 

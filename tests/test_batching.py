@@ -54,6 +54,67 @@ def test_images_are_scaled_floats_with_a_channel():
   assert float(images.numpy().max()) <= 1.0 and labels.numpy().tolist() == [0, 1, 2, 3]
 
 
+class _Indexed:
+  """The same examples as `_splits()[0]`, read on demand."""
+
+  def __init__(self, arrays):
+    self.arrays = arrays
+
+  def __len__(self):
+    return len(self.arrays)
+
+  def __getitem__(self, indices):
+    return self.arrays[indices]
+
+
+def test_an_indexed_source_gets_the_batches_of_the_same_arrays_in_memory():
+  from input_pipelines import sources  # pylint: disable=import-outside-toplevel
+  train, _ = _splits()
+  indexed = sources.as_source(_Indexed(train), "test")
+  assert isinstance(indexed, sources.IndexedSource)
+  in_memory = [(f.numpy()[:, 0, 0, 0] * 255).round().astype(int).tolist()
+               for f, _ in batching.train_dataset(train, seed=3, global_batch_size=16,
+                                                  start_example=0).take(8)]
+  on_demand = [f.numpy()[:, 0, 0].astype(int).tolist()
+               for f, _ in batching.train_dataset(indexed, seed=3, global_batch_size=16,
+                                                  start_example=0).take(8)]
+  assert on_demand == in_memory
+
+
+def _noisy(features, labels, seed):
+  """A random augmentation: noise from the stateless seed distloop passes in."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  return features + tf.random.stateless_uniform(tf.shape(features), seed), labels
+
+
+def test_preprocess_is_random_per_example_yet_the_same_after_a_resume():
+  train, _ = _splits()
+  def stream(start_step, steps):
+    dataset = batching.train_dataset(train, seed=4, global_batch_size=10,
+                                     start_example=start_step * 10, preprocess=_noisy)
+    return [features.numpy() for features, _ in dataset.take(steps)]
+  full, resumed = stream(0, 25), stream(13, 12)
+  for a, b in zip(full[13:], resumed):
+    np.testing.assert_array_equal(a, b)
+  # Epoch 2 shows example k again, with other noise: the seed follows the position.
+  assert not np.array_equal(full[0], full[10]) and full[0].shape == (10, 28, 28, 1)
+
+
+def test_a_stream_source_resumes_by_skipping_to_its_position():
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from input_pipelines import sources  # pylint: disable=import-outside-toplevel
+  stream = sources.as_source(
+      lambda: tf.data.Dataset.range(7).map(lambda k: (tf.cast(k, tf.float32), k)), "test")
+  def labels(start_example, steps):
+    dataset = batching.train_dataset(stream, seed=0, global_batch_size=3,
+                                     start_example=start_example)
+    return [l.numpy().tolist() for _, l in dataset.take(steps)]
+  assert labels(0, 4) == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2, 3, 4]]
+  assert labels(6, 2) == [[6, 0, 1], [2, 3, 4]]
+  eval_batches = [l.numpy().tolist() for _, l in batching.eval_dataset(stream, global_batch_size=3)]
+  assert eval_batches == [[0, 1, 2], [3, 4, 5], [6]]
+
+
 def test_the_order_is_index_shuffle_of_seed_and_epoch_per_position():
   """Position p reads row index_shuffle(p % N, [seed, p // N], N - 1): no N-sized array."""
   import tensorflow as tf

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from tests.cli import run_trainer, train_ok
@@ -55,6 +56,55 @@ def test_rollback_restores_and_skips_ahead_until_its_budget_is_spent(tmp_path):
   error = result.stderr.strip().splitlines()[-1]
   assert error.startswith("distloop: error: non-finite") and "after 2 rollback(s)" in error
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20"]
+
+
+def test_a_non_finite_optimizer_slot_rolls_back_too(tmp_path):
+  """tests/faults.py's loss: Adam's second moment overflows to Inf while the loss and the
+  weights stay finite; under `rollback` that is a rollback, never an error at the save."""
+  train_ok(tmp_path, *_FLAGS, "--config.train.steps=20")
+  result = run_trainer(tmp_path, *_FLAGS, "--config.train.steps=40",
+                       "--config.train.steps_per_loop=1", "--config.checkpoint.interval=1",
+                       "--config.train.loss=tests.faults:exploding_gradient_loss",
+                       "--config.train.nonfinite_policy=rollback", "--config.train.max_rollbacks=1")
+  assert result.returncode == 1
+  assert "Traceback" not in result.stderr
+  assert re.search(r"non-finite values in optimizer/adam/\S+_velocity in step 21: rolled back "
+                   r"to step 20", result.stderr), result.stderr[-3000:]
+  error = result.stderr.strip().splitlines()[-1]
+  assert error.startswith("distloop: error: non-finite values in optimizer/") and \
+      "after 1 rollback(s)" in error
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20"]
+
+
+def test_a_step_evaluated_again_after_a_rollback_keeps_its_best_checkpoint(tmp_path):
+  """A NaN example in step 27 (tests/faults.py): steps 26..30 roll back to 20 and step 25
+  is evaluated a second time; checkpoints_best/25 stays, the run goes on."""
+  result = run_trainer(tmp_path, *_FLAGS, "--mode=train_and_eval", "--config.train.steps=40",
+                       "--config.train.global_batch_size=48", "--config.train.steps_per_loop=5",
+                       "--config.eval.interval=5", "--config.checkpoint.keep_best=10",
+                       "--config.train.nonfinite_policy=rollback",
+                       "--config.data.preprocess=tests.faults:nan_example")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "rolled back to step 20" in result.stderr
+  evaluated = re.findall(r"eval at step (\d+) ", result.stderr)
+  assert evaluated.count("25") == 2
+  assert re.search(r"step 25 is in \S+checkpoints_best already: kept as it is", result.stderr)
+  kept = sorted(int(step) for step in os.listdir(tmp_path / "checkpoints_best"))
+  assert kept == sorted({int(step) for step in evaluated})
+
+
+def test_keep_best_ranks_by_metric_not_by_age(tmp_path):
+  """After a rollback a step older than the newest kept one must still compete, and a
+  step kept already is not written again (orbax: StepAlreadyExistsError)."""
+  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (orbax, no TensorFlow)
+  best = checkpoints.Checkpoints(str(tmp_path / "best"), max_to_keep=2, async_save=False,
+                                 writer=True, best_metric="accuracy")
+  tree = {"w": np.zeros(2, np.float32)}
+  for step, accuracy in [(10, 0.5), (20, 0.7), (30, 0.6), (25, 0.9), (20, 0.1)]:
+    best.save(step, tree, tree, {"step": step}, metrics={"accuracy": accuracy})
+  best.wait()
+  assert best.all_steps() == [20, 25]
+  best.close()
 
 
 def test_keep_period_keeps_old_steps_beside_the_newest(tmp_path):

@@ -304,6 +304,25 @@ def test_file_corrupted_after_listing_is_named_by_the_trainer(folder, tmp_path):
   bad.write_bytes(b"not a png at all")
   result = cli.run_trainer(tmp_path / "run", "--config=image_folder", f"--config.data.dir={root}",
                            "--config.model.num_classes=3", "--config.train.steps=20",
-                           "--config.train.steps_per_loop=10")
-  assert result.returncode != 0
-  assert str(bad) in result.stderr, result.stderr[-3000:]
+                           "--config.train.steps_per_loop=10", timeout=180)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert f"{bad}: cannot be decoded as an image" in result.error_lines()[-1]
+
+
+def test_fewer_model_classes_than_class_folders_is_refused(folder, tmp_path):
+  result = cli.run_trainer(tmp_path / "run", "--config=image_folder", f"--config.data.dir={folder}",
+                           "--config.model.num_classes=2", "--config.train.steps=10",
+                           timeout=180)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "model.num_classes" in result.error_lines()[-1]
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_more_model_classes_than_class_folders_is_refused_naming_both(folder, tmp_path):
+  result = cli.run_trainer(tmp_path / "run", "--config=image_folder", f"--config.data.dir={folder}",
+                           "--config.model.num_classes=4", "--config.train.steps=10",
+                           timeout=180)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert len(result.error_lines()) == 1
+  assert "has 3 classes" in result.stderr and "set model.num_classes=3?" in result.stderr
+  assert not (tmp_path / "run").exists()

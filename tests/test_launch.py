@@ -188,6 +188,27 @@ def test_sigterm_is_forwarded_to_the_workers_and_exit_42(state_dir):
   assert "restarting" not in process.output
 
 
+@pytest.mark.parametrize("launcher_flags, starting_task", [
+    (["--num_workers=2"], "worker-1"),
+    (["--num_workers=1", "--num_ps=1"], "chief-0"),
+])
+def test_a_trainer_killed_by_the_forwarded_signal_was_preempted_exit_42(
+    state_dir, launcher_flags, starting_task):
+  """A trainer still starting up (no handler yet) dies of the SIGTERM the launcher
+  forwards: the job was preempted, not failed (its latest complete checkpoint is on
+  disk), so the launcher exits 42 and restarts nothing."""
+  process = _start(state_dir, *launcher_flags,
+                   task_flags=["--then=until_signal", f"--task={starting_task}=starting"])
+  try:
+    _wait_ready(process, {"worker-0", starting_task})
+    process.send(signal.SIGTERM)
+    assert process.wait(timeout=20) == 42, process.output
+  finally:
+    process.kill()
+  assert "[launch] the job exited with 42" in process.output
+  assert "restart" not in process.output.replace("no restarts from now on", "")
+
+
 def test_sigint_in_parameter_server_mode_goes_to_the_chief_only(state_dir):
   process = _start(state_dir, "--num_workers=1", "--num_ps=1", task_flags=["--then=until_signal"])
   try:

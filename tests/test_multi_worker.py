@@ -1,7 +1,12 @@
 """Beyond one process, through `python -m trainer.launch` on loopback: two workers train
 the weights of two local replicas, survive a killed worker, stop together on SIGTERM
-and resume on a different cluster shape; the parameter-server job survives a lost
-worker; Slurm's environment is read; central_storage equals mirrored."""
+and resume on a different cluster shape, cut their loops at a profile window's edges,
+roll back to one agreed step; a chief + worker cluster (TF_CONFIG, as Kubeflow starts
+it) stops together and resumes, and saves by the chief's clock; the parameter-server
+job survives a lost worker; Slurm's environment is read; central_storage equals mirrored.
+
+Every multi-process wait has a timeout: a hang in a collective fails the test."""
+import glob
 import json
 import os
 import re
@@ -9,11 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
 from tests.cli import REPO, run_trainer, train_ok
-from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays, loopback_only
+from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
+                             loopback_only, needs_loopback)
 
 _STEPS = 60
 # Deterministic kernels; 1,000 examples at batch 48, so step 25 is mid-epoch.
@@ -24,9 +31,36 @@ _FLAGS = ["--config=synthetic", f"--config.train.steps={_STEPS}",
 _TWO_REPLICAS = ["--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2"]
 
 
+_HANG = 240  # seconds: far above a healthy two-process run here (~40 s)
+
+
 def _launch(model_dir, *launcher_flags: str, trainer_flags=_FLAGS) -> TrainerProcess:
   return TrainerProcess(None, *launcher_flags, "--", f"--model_dir={model_dir}", *trainer_flags,
                         module="trainer.launch", prefix=loopback_only())
+
+
+def _chief_and_worker(model_dir, chief_flags=(), worker_flags=(),
+                      trainer_flags=_FLAGS) -> TrainerProcess:
+  """A `chief` and one `worker` under TF_CONFIG (tests/cluster.py), the Kubeflow shape."""
+  tasks = json.dumps([["chief", list(chief_flags)], ["worker", list(worker_flags)]])
+  return TrainerProcess(None, tasks, "--", f"--model_dir={model_dir}", *trainer_flags,
+                        "--config.runtime.strategy=multi_worker_mirrored",
+                        module="tests.cluster", prefix=loopback_only())
+
+
+def _finish(job: TrainerProcess, timeout: float = _HANG) -> int:
+  """The job's exit code; a job still running after `timeout` is killed and fails."""
+  try:
+    return job.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    job.kill()
+    pytest.fail(f"still running after {timeout} s (a hang?):\n{job.output[-3000:]}")
+  finally:
+    job.kill()
+
+
+def _steps_logged(job: TrainerProcess, task: str) -> list[int]:
+  return [int(step) for step in re.findall(rf"\[{task}\].* step (\d+)/", job.output)]
 
 
 def _pid_of(process: TrainerProcess, task: str) -> int:
@@ -43,6 +77,7 @@ def two_replicas(tmp_path_factory):
   return checkpoint_arrays(model_dir, _STEPS)
 
 
+@needs_loopback
 def test_two_workers_reach_the_weights_of_two_replicas(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
   try:
@@ -55,6 +90,7 @@ def test_two_workers_reach_the_weights_of_two_replicas(tmp_path, two_replicas):
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2", "--max_restarts=2")
   try:
@@ -68,6 +104,7 @@ def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
   try:
@@ -89,6 +126,7 @@ def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 
+@needs_loopback
 def test_parameter_server_job_survives_a_lost_worker(tmp_path):
   flags = ["--config=synthetic", "--config.train.steps=300", "--config.checkpoint.interval=100",
            "--config.train.steps_per_loop=25"]
@@ -107,6 +145,7 @@ def test_parameter_server_job_survives_a_lost_worker(tmp_path):
   assert arrays["model/mnist_cnn/conv/kernel"].shape == (3, 3, 1, 32)
 
 
+@needs_loopback
 def test_slurm_environment_makes_a_two_worker_cluster(tmp_path, two_replicas):
   """Two Slurm tasks of one step on one node (SLURM_PROCID 0 and 1), no TF_CONFIG."""
   with socket.socket() as probe:
@@ -133,3 +172,89 @@ def test_central_storage_trains_like_mirrored(tmp_path, two_replicas):
                      "--config.runtime.num_cpu_devices=2")
   assert summary["num_replicas"] == 2
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
+
+
+def test_profile_window_cuts_every_workers_loops_at_its_edges(tmp_path, two_replicas):
+  """Window edges 12 and 17 are not loop boundaries (every 5 steps): every worker must
+  stop its loop there too, or their collectives no longer pair up and the job hangs."""
+  job = _launch(tmp_path, "--num_workers=2", "--max_restarts=0",
+                trainer_flags=[*_FLAGS, "--config.runtime.profile_steps=12,17"])
+  assert _finish(job) == 0, job.output[-3000:]
+  boundaries = _steps_logged(job, "worker-0")
+  assert {12, 17} <= set(boundaries) and _steps_logged(job, "worker-1") == boundaries
+  traces = glob.glob(f"{tmp_path}/tensorboard/plugins/profile/*/*.xplane.pb")
+  assert len(traces) == 1, traces  # the chief's only
+  assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
+
+
+def test_rollback_restores_the_same_step_on_every_worker(tmp_path):
+  """A NaN example in step 27 (tests/faults.py): both workers roll back to step 20 and
+  skip past it, like one process with two replicas, to the same weights."""
+  flags = [*_FLAGS, "--config.train.nonfinite_policy=rollback",
+           "--config.data.preprocess=tests.faults:nan_example"]
+  reference = tmp_path / "two_replicas"
+  train_ok(reference, *flags, *_TWO_REPLICAS)
+  job = _launch(tmp_path / "two_workers", "--num_workers=2", "--max_restarts=0",
+                trainer_flags=flags)
+  assert _finish(job) == 0, job.output[-3000:]
+  for task in ("worker-0", "worker-1"):
+    rolled_back = re.findall(rf"\[{task}\].*in steps 26..30: rolled back to step (\d+) and "
+                             r"skipped the data up to example 1440", job.output)
+    assert rolled_back == ["20"], (task, job.output[-3000:])
+  assert_same_state(checkpoint_arrays(tmp_path / "two_workers", _STEPS),
+                    checkpoint_arrays(reference, _STEPS), atol=1e-5)
+
+
+@pytest.mark.parametrize("cluster, task, workers, chief", [
+    ({"chief": ["a:1"], "worker": ["b:1"]}, ("worker", 0), 2, False),
+    ({"chief": ["a:1"], "worker": ["b:1"]}, ("chief", 0), 2, True),
+    ({"worker": ["a:1", "b:1"]}, ("worker", 0), 2, True),
+    ({"worker": ["a:1"]}, ("worker", 0), 1, True),
+], ids=["worker-beside-a-chief", "chief-beside-a-worker", "two-workers", "one-worker"])
+def test_every_chief_and_worker_task_counts(monkeypatch, cluster, task, workers, chief):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from trainer import runtime  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                              "task": {"type": task[0], "index": task[1]}}))
+  strategy = types.SimpleNamespace(
+      cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver())
+  assert runtime.num_workers(strategy) == workers and runtime.is_chief(strategy) == chief
+
+
+def test_chief_and_worker_stop_together_and_resume(tmp_path, two_replicas):
+  """TF_CONFIG with a `chief` and one `worker` is a two-task cluster: SIGTERM to the chief
+  alone stops both at one step; the same cluster resumes to the uninterrupted weights."""
+  job = _chief_and_worker(tmp_path)
+  try:
+    job.wait_for(r"\[chief-0\].*step 25/", timeout=_HANG)
+  except AssertionError:
+    job.kill()
+    raise
+  os.kill(_pid_of(job, "chief-0"), signal.SIGTERM)
+  assert _finish(job) == 42, job.output[-3000:]
+  stopped = {task: int(step) for task, step in
+             re.findall(r"\[(\w+-0)\].*preempted at step (\d+)", job.output)}
+  assert set(stopped) == {"chief-0", "worker-0"} and len(set(stopped.values())) == 1, stopped
+  step = stopped["chief-0"]
+  assert step % 20 and str(step) in os.listdir(tmp_path / "checkpoints")
+
+  resumed = _chief_and_worker(tmp_path)
+  assert _finish(resumed) == 0, resumed.output[-3000:]
+  for task in ("chief-0", "worker-0"):
+    assert re.search(rf"\[{task}\].*Restored checkpoint at step {step} ", resumed.output), task
+  assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
+
+
+def test_saves_by_wall_time_follow_the_chiefs_clock(tmp_path):
+  """checkpoint.interval_seconds on the chief's clock: here the chief's interval has always
+  passed and the worker's never does, as if their clocks disagreed; both save together."""
+  flags = [*_FLAGS, "--config.train.steps=20", "--config.checkpoint.max_to_keep=10"]
+  job = _chief_and_worker(tmp_path, chief_flags=["--config.checkpoint.interval_seconds=1e-9"],
+                          worker_flags=["--config.checkpoint.interval_seconds=1e9"],
+                          trainer_flags=flags)
+  assert _finish(job) == 0, job.output[-3000:]
+  for task in ("chief-0", "worker-0"):
+    saved = [int(s) for s in re.findall(rf"\[{task}\].*checkpoint.interval_seconds passed on "
+                                        r"the chief's clock: saving step (\d+)", job.output)]
+    assert saved == [5, 10, 15], (task, job.output[-3000:])
+  assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [5, 10, 15, 20]

@@ -1,10 +1,12 @@
 """runtime.mixed_precision and runtime.jit_compile train correctly; the float16 loss
-scale follows its policy and is checkpointed with the optimizer."""
+scale follows its policy (overflowing steps skipped on every replica, the scale halved)
+and is checkpointed with the optimizer."""
+import json
 import math
 
 import pytest
 
-from tests.cli import train_ok
+from tests.cli import run_trainer, train_ok
 from tests.processes import checkpoint_arrays
 
 _FLAGS = ["--config=synthetic", "--config.train.steps=200", "--config.data.num_train_examples=4000"]
@@ -19,14 +21,26 @@ def test_trains_to_the_default_accuracy(tmp_path, flags):
   assert summary["eval_accuracy"] >= 0.95
 
 
-def test_float16_on_two_replicas_trains_and_checkpoints_its_loss_scale(tmp_path):
-  summary = train_ok(tmp_path, *_FLAGS, "--config.runtime.mixed_precision=float16",
-                     "--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2")
+def test_float16_skips_overflowing_steps_on_every_replica_and_checkpoints_its_scale(tmp_path):
+  """tests/faults.py's large_loss makes float16 gradients overflow at the initial scale
+  (2**15): each overflowing step is skipped (no update: the optimizer's step count stays)
+  and halves the scale, on both replicas alike, and training still learns."""
+  flags = [*_FLAGS, "--config.runtime.mixed_precision=float16",
+           "--config.train.loss=tests.faults:large_loss"]
+  summary = train_ok(tmp_path, *flags, "--config.runtime.strategy=mirrored",
+                     "--config.runtime.num_cpu_devices=2")
   assert summary["eval_accuracy"] >= 0.95
   arrays = checkpoint_arrays(tmp_path, 200)
-  scale = float(arrays["optimizer/loss_scale/scale"])
-  assert 1.0 <= scale <= 2.0 ** 15 and math.log2(scale).is_integer()  # only ever halved or doubled
+  halvings = math.log2(2.0 ** 15 / float(arrays["optimizer/loss_scale/scale"]))
+  assert halvings >= 1 and halvings.is_integer()  # no growth: 200 steps < growth_interval
+  assert int(arrays["optimizer/adam/iteration"]) == 200 - halvings  # skipped, not applied
   assert arrays["model/mnist_cnn/conv/kernel"].dtype.name == "float32"  # float32 variables
+  # Had one replica applied an overflowing step, its copy of the weights would be Inf/NaN
+  # or differ: the run's eval (both copies) equals one replica's eval of the checkpoint.
+  result = run_trainer(tmp_path, *flags, "--mode=eval")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(
+      summary["eval_loss"], rel=1e-3)
 
 
 def test_loss_scale_halves_on_overflow_and_grows_after_finite_steps():

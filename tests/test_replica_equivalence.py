@@ -1,5 +1,10 @@
 """Gradients are reduced exactly once: 1, 2 and 3 replicas give the same weights.
 
+Adam's update hardly depends on the scale of the gradients (only through its
+epsilon), so a gradient counted N times would pass its check by a margin of
+epsilon. Plain SGD and momentum move the weights in proportion to the gradient:
+with them the check is tight (1e-6) and a reduction counted twice fails by far.
+
 Each configuration runs in its own process (one process cannot host two
 MirroredStrategies of different sizes); weights are read back with plain orbax.
 """
@@ -9,8 +14,14 @@ import pytest
 from tests.cli import run_python, train_ok
 
 _COMMON = ["--config=synthetic", "--config.train.steps=30", "--config.train.global_batch_size=48",
-           "--config.train.steps_per_loop=10", "--config.train.learning_rate=0.01",
-           "--config.runtime.strategy=mirrored", "--config.runtime.deterministic=true"]
+           "--config.train.steps_per_loop=10", "--config.runtime.strategy=mirrored",
+           "--config.runtime.deterministic=true"]
+_OPTIMIZERS = {  # name: (flags, tolerance)
+    "adam": (["--config.train.optimizer=adam", "--config.train.learning_rate=0.01"], 1e-4),
+    "sgd": (["--config.train.optimizer=sgd", "--config.train.learning_rate=0.1"], 1e-6),
+    "momentum": (["--config.train.optimizer=momentum", "--config.train.learning_rate=0.02"],
+                 1e-6),
+}
 
 
 def _weights(model_dir):
@@ -28,24 +39,32 @@ def _weights(model_dir):
 
 
 @pytest.fixture(scope="module")
-def weights_by_replicas(tmp_path_factory):
-  weights = {}
-  for replicas in (1, 2, 3):
-    model_dir = tmp_path_factory.mktemp(f"replicas{replicas}")
-    summary = train_ok(model_dir, *_COMMON, f"--config.runtime.num_cpu_devices={replicas}")
-    assert summary["num_replicas"] == replicas
-    weights[replicas] = _weights(model_dir)
-  return weights
+def weights(tmp_path_factory):
+  """weights(optimizer, replicas): the final weights of that run, trained once."""
+  cache = {}
+
+  def get(optimizer, replicas):
+    if (optimizer, replicas) not in cache:
+      model_dir = tmp_path_factory.mktemp(f"{optimizer}_replicas{replicas}")
+      summary = train_ok(model_dir, *_COMMON, *_OPTIMIZERS[optimizer][0],
+                         f"--config.runtime.num_cpu_devices={replicas}")
+      assert summary["num_replicas"] == replicas
+      cache[optimizer, replicas] = _weights(model_dir)
+    return cache[optimizer, replicas]
+  return get
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
-def test_same_weights_as_one_replica(weights_by_replicas, replicas):
-  one, many = weights_by_replicas[1], weights_by_replicas[replicas]
+@pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
+def test_same_weights_as_one_replica(weights, optimizer, replicas):
+  one, many = weights(optimizer, 1), weights(optimizer, replicas)
   assert one.keys() == many.keys() and len(one) == 6
   for key in one:
-    np.testing.assert_allclose(many[key], one[key], atol=1e-4, rtol=0, err_msg=key)
+    np.testing.assert_allclose(many[key], one[key], atol=_OPTIMIZERS[optimizer][1], rtol=0,
+                               err_msg=key)
 
 
-def test_training_moved_the_weights(weights_by_replicas):
+@pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
+def test_training_moved_the_weights(weights, optimizer):
   """Biases start at zero: guards the comparison above against a loop that never updates."""
-  assert np.abs(weights_by_replicas[1]["/mnist_cnn/logits/bias"]).max() > 1e-3
+  assert np.abs(weights(optimizer, 1)["/mnist_cnn/logits/bias"]).max() > 1e-3

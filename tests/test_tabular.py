@@ -286,3 +286,22 @@ def test_a_csv_without_the_label_column_exits_2_with_one_line(tmp_path):
   assert lines[0].startswith("distloop: error:") and path in lines[0] and "'label'" in lines[0]
   assert "Traceback" not in result.stderr
   assert not model_dir.exists()
+
+
+def test_keep_best_keeps_the_lowest_eval_mse_when_best_mode_is_min(tmp_path):
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=import-outside-toplevel
+  from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+  model_dir = tmp_path / "run"
+  train_ok(model_dir, "--config=regression", "--mode=train_and_eval", "--config.train.steps=600",
+           "--config.eval.interval=100", "--config.checkpoint.interval=100",
+           "--config.checkpoint.keep_best=2")
+  accumulator = event_accumulator.EventAccumulator(
+      str(model_dir / "tensorboard" / "eval"), size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  mse = {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+         for e in accumulator.Tensors("mean_squared_error")}
+  assert sorted(mse) == [100, 200, 300, 400, 500, 600]
+  best_two = sorted(sorted(mse, key=mse.get)[:2])
+  kept = sorted(int(name) for name in os.listdir(model_dir / "checkpoints_best") if name.isdigit())
+  assert kept == best_two, mse
+  assert mse[100] > max(mse[step] for step in kept)  # the first eval is not among the best

@@ -4,11 +4,13 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from tests.cli import run_python, run_trainer, train_ok
+from tests.processes import assert_same_state, checkpoint_arrays
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,11 @@ def test_mlp_with_sgd_trains(tmp_path):
   assert summary["eval_accuracy"] > 0.8
 
 
-def test_one_device_strategy_trains(tmp_path):
-  summary = train_ok(tmp_path, "--config=synthetic", "--config.runtime.strategy=one_device",
-                     "--config.train.steps=40")
+def test_one_device_strategy_trains_to_the_weights_of_default(tmp_path):
+  flags = ["--config=synthetic", "--config.train.steps=40", "--config.runtime.deterministic=true"]
+  summary = train_ok(tmp_path / "one_device", *flags, "--config.runtime.strategy=one_device")
   assert summary["num_replicas"] == 1 and summary["strategy"] == "one_device"
+  train_ok(tmp_path / "default", *flags)
+  one_device = checkpoint_arrays(tmp_path / "one_device", 40)
+  assert np.abs(one_device["model/mnist_cnn/logits/bias"]).max() > 1e-3  # it trained
+  assert_same_state(one_device, checkpoint_arrays(tmp_path / "default", 40), atol=1e-6)

@@ -119,3 +119,33 @@ def test_sigterm_then_resume_ends_with_the_uninterrupted_weights(project, tmp_pa
   train_ok(tmp_path / "stopped", *flags)
   assert_same_state(checkpoint_arrays(tmp_path / "stopped", 200),
                     checkpoint_arrays(tmp_path / "straight", 200), atol=1e-6)
+
+
+_STREAM_PROJECT = '''
+import numpy as np
+import tensorflow as tf
+
+def _arrays(n, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 4)).astype(np.float32)
+  return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+
+def build_data(data_config, seed):
+  train = _arrays(512, seed)
+  return (lambda: tf.data.Dataset.from_tensor_slices(train)), _arrays(101, seed + 1)
+
+def jitter(features, labels, seed):
+  return features + 0.01 * tf.random.stateless_normal(tf.shape(features), seed), labels
+'''
+
+
+def test_a_tf_data_stream_with_preprocess_on_two_replicas(tmp_path):
+  module = tmp_path / "stream_project.py"
+  module.write_text(_STREAM_PROJECT)
+  summary = train_ok(tmp_path / "run", "--config=synthetic", f"--config.data.name={module}:build_data",
+                     f"--config.data.preprocess={module}:jitter", "--config.model.name=mlp",
+                     "--config.model.num_classes=2", "--config.train.steps=40",
+                     "--config.train.steps_per_loop=20", "--config.eval.global_batch_size=50",
+                     "--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2")
+  assert summary["eval_examples"] == 101 and summary["num_replicas"] == 2
+  assert summary["eval_accuracy"] > 0.8

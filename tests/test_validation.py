@@ -28,6 +28,8 @@ def test_shipped_configs_are_valid(name):
     ("eval.interval", -1, "eval.interval=-1 must not be negative"),
     ("checkpoint.interval", 0, "checkpoint.interval=0 must be positive"),
     ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0 must be positive"),
+    ("checkpoint.interval_seconds", -60.0, "checkpoint.interval_seconds=-60.0 must not be negative"),
+    ("checkpoint.interval_seconds", float("inf"), "must be a finite number"),
     ("runtime.strategy", "horovod", "runtime.strategy='horovod' is unknown"),
     ("runtime.slurm_port_base", 70000, "runtime.slurm_port_base=70000 must be in [1, 65535]"),
     ("runtime.num_cpu_devices", 0, "runtime.num_cpu_devices=0 must be positive"),

@@ -1,9 +1,17 @@
 """`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
 
-Order matters here: flags, config and data are checked before TensorFlow is
-imported and before anything is written, so bad input costs a second and leaves
-model_dir untouched. Exit codes: 0 done, 1 failure, 2 bad input, 42 preempted.
+Order matters here: SIGTERM/SIGINT are caught before anything else (a signal
+at any moment is a request to stop, trainer/preemption.py); flags, config and data
+are checked before TensorFlow is imported and before anything is written, so bad
+input costs a second and leaves model_dir untouched; the writer lock on model_dir
+is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
+input, 42 preempted.
 """
+if __name__ == "__main__":  # first of all, before the heavier imports below
+  from trainer import preemption as _early  # pylint: disable=g-import-not-at-top
+  _early.install()
+
+import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import os
 import re
@@ -20,8 +28,10 @@ import input_pipelines
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
+from trainer import preemption
 from trainer import validation
-from trainer.errors import NonFiniteError, Preempted, UserError
+from trainer import writer_lock
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
@@ -45,24 +55,31 @@ def main(argv):
   # exits after it: a live traceback can hold a tf.data iterator whose reads run in
   # tf.numpy_function, and one still alive when the interpreter finalizes can
   # deadlock the exit (its thread waits for the GIL forever).
+  immediately = False
   try:
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     code, line = EXIT_BAD_INPUT, str(e)
-  except (NonFiniteError, continuous_eval.Unfinished) as e:
+  except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
     code, line = EXIT_FAILURE, str(e)
   except Preempted as e:
     logging.warning("%s", e)
     code, line = EXIT_PREEMPTED, None
   except Exception as e:  # pylint: disable=broad-except
     data_error = _data_error_inside(e)
-    if data_error is None:
+    if _XLA_NOT_DETERMINISTIC in str(e):
+      code, line = EXIT_BAD_INPUT, (
+          "runtime.jit_compile=true cannot be runtime.deterministic=true for this model: XLA "
+          f"has no deterministic kernel for one of its ops ({_first_op_line(str(e))}); set "
+          "one of them to false")
+    elif data_error is not None:
+      # tf.data threads may still be inside the source's __getitem__: leave at once.
+      code, line, immediately = EXIT_BAD_INPUT, data_error, True
+    else:
       traceback.print_exc()
       code, line = EXIT_FAILURE, None
-    else:
-      code, line = EXIT_BAD_INPUT, data_error
   if line is not None:
-    _fail(code, line)
+    _fail(code, line, immediately=immediately)
   sys.exit(code)
 
 
@@ -75,6 +92,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
     return _serve()
+  _stop_if_signalled(config)
   if mode in ("train", "train_and_eval"):
     step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
@@ -90,8 +108,19 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     runtime.configure(config.runtime)
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
+  preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  _stop_if_signalled(config)
 
+  training = mode in ("train", "train_and_eval")
+  with (_writer(model_dir) if training and runtime.is_chief(strategy)
+        else contextlib.nullcontext()):
+    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits)
+
+
+def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
+              splits) -> int:
+  from trainer import loop  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
   trainer = loop.Trainer(config, model_dir, strategy, splits, read_only=not training)
   try:
@@ -102,12 +131,15 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     if mode == "continuous_eval":
       continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
-          timeout_seconds=config.eval.timeout_seconds).run()
+          timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
+          stopped=preemption.requested).run()
       return EXIT_OK
     position = (trainer.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
+    if preemption.requested():  # eval and export are single-process: decide locally
+      raise Preempted(position.step)
     if mode == "eval":
       result = trainer.evaluate(position.step)
       print(json.dumps({"step": position.step, **result}))
@@ -116,6 +148,40 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     return EXIT_OK
   finally:
     trainer.close()
+
+
+@contextlib.contextmanager
+def _writer(model_dir: str):
+  """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
+
+  Taken after every check that needs no model (so a refused run never creates
+  model_dir); a refusal inside the block (another model's checkpoint) removes the
+  lock file, and model_dir if taking the lock created it. With the lock held,
+  unfinished orbax temporaries cannot be another live writer's: they are removed.
+  """
+  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
+  lock = writer_lock.WriterLock.acquire(model_dir)
+  refused = False
+  try:
+    for directory in (outputs.checkpoint_dir(model_dir), outputs.best_checkpoint_dir(model_dir)):
+      removed = checkpoints.remove_temporaries(directory)
+      if removed:
+        logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
+                     len(removed), directory, ", ".join(removed))
+    yield lock
+  except UserError:
+    refused = True
+    raise
+  finally:
+    lock.release(refused=refused)
+
+
+def _stop_if_signalled(config) -> None:
+  """Start-up of a single process: a signal so far ends the run now, exit 42 (nothing
+  trained, nothing to save). Multi-worker jobs wait for the first agreed check, right
+  after the restore (a worker leaving alone would hang the others in a collective)."""
+  if preemption.requested() and config.runtime.strategy != "multi_worker_mirrored":
+    raise Preempted(None)
 
 
 def _restore_step(trainer, step: int):
@@ -153,6 +219,14 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       summary["checkpoint_time_sec"], os.path.abspath(model_dir))
 
 
+_XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"
+
+
+def _first_op_line(text: str) -> str:
+  return next((line.strip() for line in text.splitlines() if _XLA_NOT_DETERMINISTIC in line),
+              "")[:200]
+
+
 def _data_error_inside(error: Exception) -> str | None:
   """A DataError raised by a source's __getitem__ inside tf.data reaches us wrapped in a
   TensorFlow error: its one line, or None if `error` is something else."""
@@ -179,8 +253,12 @@ def _serve() -> int:
     resolver = runtime.cluster_resolver(_CONFIG.value.runtime)
   logging.info("Serving as %s %d of the parameter-server cluster", resolver.task_type,
                resolver.task_id)
-  runtime.serve(resolver)
-  return EXIT_OK
+  server = runtime.serve(resolver)
+  preemption.install()  # again, as after any runtime start
+  while not preemption.requested():  # the server runs in its own threads
+    preemption.sleep(1.0)
+  logging.warning("stopped serving (%s); the chief owns the state", server.target)
+  return EXIT_PREEMPTED
 
 
 def _load_config():
@@ -230,14 +308,19 @@ def _parse_flags(argv: list[str]) -> list[str]:
                              " (configs/common.py lists every field)"))
 
 
-def _fail(code: int, error) -> None:
+def _fail(code: int, error, immediately: bool = False) -> None:
   """One line on stderr, no traceback."""
   message = " ".join(str(error).split())
   print(f"distloop: error: {message}", file=sys.stderr)
+  if immediately:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
 
 def run() -> None:
+  preemption.install()  # before flags, TensorFlow or any write: no bare signal death
   app.run(main, flags_parser=_parse_flags)
 
 

@@ -1,38 +1,61 @@
-"""Host decisions every synchronous worker must share: stop now? restore this step?
+"""Host decisions every synchronous worker must share: stop now? save now? restore which step?
 
 Under MultiWorkerMirroredStrategy every worker runs the same loop. A decision
-taken from local state (a signal received, a checkpoint readable) could differ
-between workers and leave one waiting in a collective the others never join.
-`Agreement` turns a local yes/no into the same answer everywhere with one tiny
-all-reduce, compiled once (eager collectives are slow and warn). A single
-process, or a parameter-server coordinator (the only process that decides),
-needs no collective.
+taken from local state (a signal received, a wall clock, a list of checkpoint
+steps, a checkpoint readable) could differ between workers and leave one waiting
+in a collective the others never join. `Agreement` turns local values into the
+same answer everywhere with one tiny all-reduce, compiled once (eager collectives
+are slow and warn). Every worker must call it at the same points, as often as the
+others: a decision that decides whether to call it again must itself be agreed.
+
+It is on whenever the synchronous cluster has more than one task (a `chief` and
+one `worker`, as a Kubeflow TFJob starts them, are two). A single process, or a
+parameter-server coordinator (the only process that decides), needs no collective.
 """
 import tensorflow as tf
+
+from trainer import runtime
 
 
 class Agreement:
 
   def __init__(self, strategy: tf.distribute.Strategy):
-    self._count_true = None
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None
-        and len(resolver.cluster_spec().as_dict().get("worker", [])) > 1):
+    self._is_chief = runtime.is_chief(strategy)
+    self._sum = None
+    if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and runtime.num_workers(strategy) > 1):
+      local_replicas = len(strategy.extended.worker_devices)  # the same on every worker
 
       @tf.function
-      def count_true(flag):
+      def sum_over_workers(values):
         # A collective: every worker must call it at the same point of the loop.
-        per_replica = strategy.run(lambda value: value, args=(flag,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        # Each of a worker's replicas adds its values: divide to count each worker once.
+        per_replica = strategy.run(lambda local: local, args=(values,))
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return total / local_replicas
 
-      self._count_true = count_true
+      self._sum = sum_over_workers
+
+  def share(self, *, any_of: bool = False, chiefs: float = 0.0) -> tuple[bool, float]:
+    """One collective: (is `any_of` true on some worker, the chief's `chiefs` everywhere).
+
+    `chiefs` must be exact in float64 (integers up to 2**53: steps are).
+    """
+    if self._sum is None:
+      return any_of, chiefs
+    local = tf.constant([1.0 if any_of else 0.0, chiefs if self._is_chief else 0.0],
+                        tf.float64)
+    count, value = self._sum(local).numpy().tolist()
+    return count > 0, value
 
   def any(self, local: bool) -> bool:
     """True everywhere if it is true on any worker."""
-    if self._count_true is None:
-      return local
-    return float(self._count_true(tf.constant(1.0 if local else 0.0))) > 0
+    return self.share(any_of=local)[0]
 
   def all(self, local: bool) -> bool:
     """True everywhere if it is true on every worker."""
     return not self.any(not local)
+
+  def chiefs(self, value: int) -> int:
+    """The chief's `value` (an integer), on every worker."""
+    return int(self.share(chiefs=float(value))[1])

@@ -15,13 +15,18 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off accelerators
 
+import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
 import time  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
+from trainer import storage  # pylint: disable=wrong-import-position
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
+
+# orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
+_TEMPORARY = ".orbax-checkpoint-tmp"
 
 
 class CorruptCheckpoint(Exception):
@@ -125,6 +130,8 @@ class Checkpoints:
           cleanup_tmp_directories=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_item_handlers())
+    self._pending = None  # (step, bytes) of the save in flight: what a failure names
+    self._failed = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -139,15 +146,25 @@ class Checkpoints:
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
            metrics: dict | None = None) -> float:
-    """Starts saving `step`; returns the seconds training was blocked."""
-    if not self._writer:
+    """Starts saving `step`; returns the seconds training was blocked.
+
+    A step already here is kept as it is: orbax never writes a step twice (it
+    raises StepAlreadyExistsError when asked to).
+    """
+    if not self._writer or step in self.all_steps():
       return 0.0
     start = time.perf_counter()
-    os.makedirs(self.directory, exist_ok=True)
-    self._manager.save(step, metrics=metrics, args=ocp.args.Composite(
-        model=ocp.args.StandardSave(model_tree),
-        optimizer=ocp.args.StandardSave(optimizer_tree),
-        meta=ocp.args.JsonSave(meta)))
+    self.wait()  # a failed earlier save is reported as itself, not as this one
+    self._pending = (step, _nbytes(model_tree) + _nbytes(optimizer_tree))
+    with self._storage_failures():
+      os.makedirs(self.directory, exist_ok=True)
+      # A keep-best manager ranks steps by metric, not by age: after a rollback it must
+      # still take a step older than its newest one (orbax skips those unless forced).
+      self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
+                         args=ocp.args.Composite(
+          model=ocp.args.StandardSave(model_tree),
+          optimizer=ocp.args.StandardSave(optimizer_tree),
+          meta=ocp.args.JsonSave(meta)))
     return time.perf_counter() - start
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None):
@@ -187,11 +204,54 @@ class Checkpoints:
     return destination
 
   def wait(self) -> None:
-    """Blocks until pending async saves are on disk (before exit, eval or export)."""
-    self._manager.wait_until_finished()
+    """Blocks until pending async saves are on disk (before exit, eval or export).
+    A save that failed for lack of space or permission raises StorageError, once."""
+    if self._failed:
+      return
+    with self._storage_failures():
+      self._manager.wait_until_finished()
+    self._pending = None
+
+  @contextlib.contextmanager
+  def _storage_failures(self):
+    """Disk full / read-only / permission denied -> StorageError naming the step, the
+    directory and the space it needed; its unfinished temporary is removed."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  (tensorstore raises ValueError)
+      if storage.reason(e) is None:
+        raise
+      self._failed = True
+      step, needed = self._pending or (None, None)
+      remove_temporaries(self.directory)  # nothing else is in flight: free what it took
+      raise storage.failure(f"the checkpoint of step {step}", self.directory, e,
+                            needed_bytes=needed) from None
 
   def close(self) -> None:
-    self._manager.close()
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except
+      if not self._failed:  # a failed save was already reported
+        raise
+
+
+def remove_temporaries(directory: str) -> list[str]:
+  """Removes the unfinished `<step>.orbax-checkpoint-tmp*` steps a killed save left.
+
+  Only the lock holder calls this (trainer/writer_lock.py): another live writer's
+  temporaries would be its saves in flight. Returns the names removed.
+  """
+  try:
+    names = [name for name in os.listdir(directory) if _TEMPORARY in name]
+  except FileNotFoundError:
+    return []
+  for name in names:
+    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+  return sorted(names)
+
+
+def _nbytes(tree: dict) -> int:
+  return sum(int(np.asarray(value).nbytes) for value in _flatten(tree).values())
 
 
 def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:

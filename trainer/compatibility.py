@@ -9,7 +9,7 @@ error from inside a compiled loop minutes later.
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines.sources import ArraySource, Source
+from input_pipelines.sources import ArraySource, IndexedSource, Source
 from trainer.errors import UserError
 
 
@@ -42,6 +42,12 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources) ->
       raise UserError(f"{model_name} outputs shape {outputs.shape}; "
                       f"sparse_categorical_crossentropy needs [batch, classes] logits")
     num_classes = outputs.shape[-1]
+    classes = getattr(getattr(sources[0], "source", None), "classes", None)
+    if classes is not None and len(classes) != num_classes:
+      raise UserError(f"{sources[0].where} has {len(classes)} classes "
+                      f"({', '.join(map(str, classes[:5]))}{', ...' if len(classes) > 5 else ''})"
+                      f" but {model_name} outputs {num_classes} (set model.num_classes="
+                      f"{len(classes)}?)")
     for source, split_labels in _all_labels(sources, labels):
       if not (np.issubdtype(split_labels.dtype, np.integer)
               or np.all(np.mod(split_labels, 1) == 0)):
@@ -67,10 +73,14 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources) ->
 
 
 def _all_labels(sources, probe_labels):
-  """Every label of in-memory splits; the probe's for sources read on demand."""
+  """Every label of in-memory splits and of sources that list them (a `labels` array,
+  as image_folder's do); the probe's for the others."""
   for source in sources:
     if isinstance(source, ArraySource):
       yield source, source.labels
+    elif isinstance(source, IndexedSource) and isinstance(
+        getattr(source.source, "labels", None), np.ndarray):
+      yield source, source.source.labels
   yield sources[0], np.asarray(probe_labels)
 
 

@@ -13,6 +13,7 @@ It never writes, moves or deletes anything in checkpoints/.
             else restore it, evaluate it (eval/loss, eval/accuracy at that step)
         nothing new for eval.timeout_seconds -> Unfinished (exit 1)
         nothing new -> sleep eval.poll_seconds
+        SIGTERM/SIGINT (`stopped()`) -> Preempted between evals (exit 42)
 
 Every checkpoint is evaluated, oldest first; it does not jump to the newest when
 it falls behind. A step that retention deletes before the sidecar reaches it (or
@@ -21,7 +22,8 @@ step, keep checkpoint.max_to_keep above the number of checkpoints written during
 
 Pure Python: the trainer is passed in (anything with `checkpoints.reload()`,
 `checkpoints.all_steps()`, `checkpoints.directory`, `restore(step)` and
-`evaluate(step)`), and so are the clock and sleep, so a test can fake all of them.
+`evaluate(step)`), and so are the clock, sleep and the stop request, so a test
+can fake all of them.
 """
 import os
 import time
@@ -29,7 +31,7 @@ from typing import Callable
 
 from absl import logging
 
-from trainer.errors import UserError
+from trainer.errors import Preempted, UserError
 
 # A step that retention is deleting can fail the shape check (its metadata gone first)
 # and look like another model's; it is one only if it is still there this much later.
@@ -46,13 +48,15 @@ class ContinuousEval:
 
   def __init__(self, trainer, *, final_step: int, poll_seconds: float, timeout_seconds: float,
                clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep):
+               sleep: Callable[[float], None] = time.sleep,
+               stopped: Callable[[], bool] = lambda: False):
     self.trainer = trainer
     self.final_step = final_step
     self.poll_seconds = poll_seconds
     self.timeout_seconds = timeout_seconds  # 0: wait forever
     self._clock = clock
     self._sleep = sleep
+    self._stopped = stopped
     self.evaluated: list[int] = []  # steps evaluated, in order
     self.skipped: list[int] = []    # steps seen but gone or unreadable
     self._last_seen: int | None = None
@@ -67,6 +71,8 @@ class ContinuousEval:
                  if self.timeout_seconds else "no timeout")
     last_news = self._clock()
     while True:
+      if self._stopped():  # nothing of ours to save: the next run evaluates what is left
+        raise Preempted(self.evaluated[-1] if self.evaluated else None)
       new_steps = [step for step in self._steps_on_disk()
                    if self._last_seen is None or step > self._last_seen]
       if new_steps:

@@ -9,10 +9,30 @@ class NonFiniteError(Exception):
   """The loss became NaN/Inf: exit 1; the non-finite state is never checkpointed."""
 
 
-class Preempted(Exception):
-  """SIGTERM/SIGINT: a checkpoint of the current step is on disk; exit 42 and run again."""
+class StorageError(Exception):
+  """A write to model_dir failed (disk full, read-only, permission denied): exit 1.
+  The message says what, where, and how much space was needed when known."""
 
-  def __init__(self, step: int):
-    super().__init__(f"preempted at step {step}; its checkpoint is on disk: run the same "
-                     f"command again to resume")
+
+class Preempted(Exception):
+  """SIGTERM/SIGINT: exit 42, run the same command again to resume.
+
+  `step`: the step whose checkpoint is on disk; None when stopped before training
+  started (nothing new to save). `unsaved`: why the checkpoint of `step` could not
+  be written (then `last_complete` is where the next run resumes).
+  """
+
+  def __init__(self, step: int | None, *, unsaved: str = "", last_complete: int | None = None):
+    if step is None:
+      message = ("preempted during start-up, before training; nothing new to save: run the "
+                 "same command again to resume")
+    elif unsaved:
+      where = ("no checkpoint yet" if last_complete is None
+               else f"the last complete checkpoint is step {last_complete}")
+      message = (f"preempted at step {step}, but its checkpoint could not be written "
+                 f"({unsaved}); {where}: run the same command again to resume from it")
+    else:
+      message = (f"preempted at step {step}; its checkpoint is on disk: run the same "
+                 f"command again to resume")
+    super().__init__(message)
     self.step = step

@@ -7,7 +7,8 @@ loss: `probabilities` (softmax / sigmoid of the logits) for the cross-entropies,
 `predictions` (the raw outputs) for anything else. The export is built from the
 checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
-directory and renamed: a crash never leaves half an export.
+directory and renamed: a crash never leaves half an export, and a full disk or
+a denied write removes the temporary and raises StorageError (one line).
 """
 import os
 import shutil
@@ -16,7 +17,9 @@ import ml_collections
 import tensorflow as tf
 
 import models
+from trainer import hold_points
 from trainer import losses
+from trainer import storage
 
 
 class _Serving(tf.Module):
@@ -57,8 +60,17 @@ def export_saved_model(config: ml_collections.ConfigDict, weights: list, feature
     variable.assign(value)
   serving = _Serving(model, *losses.served_output(config.train.loss))
   function = tf.function(serving.serve, input_signature=[input_spec])
+  signatures = {"serving_default": function.get_concrete_function()}
   temporary = destination + ".tmp"
   shutil.rmtree(temporary, ignore_errors=True)
-  tf.saved_model.save(serving, temporary,
-                      signatures={"serving_default": function.get_concrete_function()})
-  os.replace(temporary, destination)
+  try:
+    hold_points.hold("export")
+    tf.saved_model.save(serving, temporary, signatures=signatures)
+    os.replace(temporary, destination)
+  except Exception as e:  # pylint: disable=broad-except  (OSError or a TensorFlow OpError)
+    if storage.reason(e) is None:
+      raise
+    shutil.rmtree(temporary, ignore_errors=True)
+    raise storage.failure("the SavedModel export", destination, e,
+                          needed_bytes=sum(int(getattr(w, "nbytes", 0)) for w in weights)
+                          ) from None

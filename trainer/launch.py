@@ -16,7 +16,10 @@ from its latest checkpoint by itself. The launcher never imports TensorFlow.
 
 Exit codes are the job's: 0 done, 2 bad input (never retried), 42 preempted
 (SIGTERM/SIGINT are forwarded to the trainers, which save and exit 42), 1 anything
-else, including failures beyond --max_restarts restarts.
+else, including failures beyond --max_restarts restarts. Once a signal was
+forwarded, trainers that end with 0, 42 or death by that very signal (one still
+starting up) make the job 42 unless all of them finished (0): the latest complete
+checkpoint is on disk and the same command resumes from it.
 """
 import ctypes
 import dataclasses
@@ -130,6 +133,7 @@ class Launcher:
     self._relays: list[threading.Thread] = []
     self._signals: list[int] = []  # received, not yet forwarded
     self._stopping = False  # a signal was forwarded: let the job end, restart nothing
+    self._forwarded: set[int] = set()
 
   def run(self) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -198,13 +202,19 @@ class Launcher:
     for task, code in zip(self.tasks, codes):
       if code == EXIT_BAD_INPUT:
         return code  # bad input is the same on a retry
-      if code not in (None, EXIT_OK, EXIT_PREEMPTED):
+      if code not in (None, EXIT_OK, EXIT_PREEMPTED) and not self._stopped_by_signal(code):
         raise GroupFailed(f"{task.name} {_describe(code)}")
     if None in codes:
       return None
+    if self._stopping:  # asked to stop: anything short of all done is "run me again"
+      return EXIT_OK if set(codes) == {EXIT_OK} else EXIT_PREEMPTED
     if len(set(codes)) > 1:
       raise GroupFailed(f"the workers disagree: exit codes {codes}")
     return codes[0]
+
+  def _stopped_by_signal(self, code: int) -> bool:
+    """Died of a signal we forwarded (before its handler was installed): preempted."""
+    return self._stopping and -code in self._forwarded
 
   def _check_parameter_server(self) -> int | None:
     """The chief decides; a lost worker is restarted alone, a lost ps restarts the group."""
@@ -212,6 +222,8 @@ class Launcher:
     code = chief.process.poll()
     if code in (EXIT_OK, EXIT_BAD_INPUT, EXIT_PREEMPTED):
       return code
+    if code is not None and self._stopped_by_signal(code):
+      return EXIT_PREEMPTED
     if code is not None:
       raise GroupFailed(f"{chief.name} {_describe(code)}")
     if self._stopping:
@@ -249,6 +261,7 @@ class Launcher:
     while self._signals:
       signum = self._signals.pop(0)
       self._stopping = True
+      self._forwarded.add(signum)
       _log(f"{signal.Signals(signum).name}: forwarding it to "
            f"{', '.join(t.name for t in trainers)}; no restarts from now on")
       for task in trainers:

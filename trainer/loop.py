@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import time
+from typing import Callable
 
 from absl import logging
 import ml_collections
@@ -22,6 +23,7 @@ from trainer import checkpoints
 from trainer import compatibility
 from trainer.agreement import Agreement
 from trainer import export
+from trainer import hold_points
 from trainer import logs
 from trainer import loss_scale
 from trainer import losses
@@ -32,10 +34,11 @@ from trainer import periodic
 from trainer import plugins
 from trainer import preemption
 from trainer import profiling
+from trainer import progress
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
-from trainer.errors import NonFiniteError, Preempted
+from trainer.errors import NonFiniteError, Preempted, StorageError
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -95,8 +98,11 @@ class Trainer:
           read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
           log; TensorBoard
           SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
-          evaluate if due (and keep the best); checkpoint if due (async)
-      wait for saves; export; summary.json
+          evaluate if due (and keep the best)
+          checkpoint if due by steps, or by the chief's clock (async)
+      wait for saves; final eval; export; summary.json
+      (a signal agreed right after the restore, or before the final eval or the
+       export, also exits 42: the step is on disk; see trainer/preemption.py)
 
   Constructing a Trainer builds the model and optimizer under the strategy;
   it reads and writes nothing. `read_only` (eval, export) never writes checkpoints.
@@ -104,7 +110,7 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
                strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
-               read_only: bool = False):
+               read_only: bool = False, clock: Callable[[], float] = time.monotonic):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
@@ -129,10 +135,12 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       self.loss_scale = (loss_scale.DynamicLossScale()
                          if config.runtime.mixed_precision == "float16" else None)
-      self._train_metrics = steps.MetricSums("train", loss_fn, metric_fns)
-    # Eval runs under the strategy, except with a coordinator: there it runs right here.
-    with contextlib.nullcontext() if self.coordinator else strategy.scope():
-      self._eval_metrics = steps.MetricSums("eval", loss_fn, metric_fns)
+    self._totals = steps.Totals(loss_fn, metric_fns)
+    # uint8 images cross to the device and are scaled there (unless a per-example
+    # preprocess must see them decoded first, in tf.data).
+    self._device_decode = (batching.device_decoder(self.train_source)
+                           if self._preprocess is None else None)
+    jit_compile = runtime.jit_compile(config.runtime, strategy)
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
@@ -145,21 +153,23 @@ class Trainer:
         writer=writer) if config.checkpoint.keep_best else None
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
-                                            enabled=self.is_chief)
+                                            trace=self.is_chief)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
-          self.coordinator, self.model, self.optimizer, self._train_metrics,
+          self.coordinator, self.model, self.optimizer, self._totals,
           global_batch_size=config.train.global_batch_size,
           num_workers=runtime.num_workers(strategy), loss_scale=self.loss_scale,
-          jit_compile=config.runtime.jit_compile, clip_norm=config.train.clip_grad_norm)
+          jit_compile=jit_compile, clip_norm=config.train.clip_grad_norm,
+          decode=self._device_decode)
     else:
       self._train_loop = steps.make_train_loop(
-          strategy, self.model, self.optimizer, self._train_metrics,
+          strategy, self.model, self.optimizer, self._totals,
           global_batch_size=config.train.global_batch_size,
           communication_options=runtime.communication_options(config.runtime),
-          loss_scale=self.loss_scale, jit_compile=config.runtime.jit_compile,
-          clip_norm=config.train.clip_grad_norm)
+          loss_scale=self.loss_scale, jit_compile=jit_compile,
+          clip_norm=config.train.clip_grad_norm, decode=self._device_decode)
     self._eval_pass = None  # built on first use: the eval data is distributed once
+    self._save_timer = periodic.AfterSeconds(config.checkpoint.interval_seconds, clock)
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
@@ -173,6 +183,10 @@ class Trainer:
     total, batch_size = config.train.steps, config.train.global_batch_size
 
     position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
+    watcher = preemption.PreemptionWatcher(self.agreement)
+    hold_points.hold("restore")
+    if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
+      raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
       outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
@@ -186,51 +200,57 @@ class Trainer:
 
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None
-    watcher = preemption.PreemptionWatcher(self.agreement)
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
-      try:
-        while position.step < total:
-          self.profiler.at_boundary(position.step)
-          num_steps = min(config.train.steps_per_loop, total - position.step,
-                          checkpoint_due.next_due(position.step) - position.step,
-                          eval_due.next_due(position.step) - position.step,
-                          (self.profiler.next_boundary(position.step) or total) - position.step)
-          loop_start = time.perf_counter()
-          with (self.summaries.graph_of_first_call(position.step) if record_graph
-                else contextlib.nullcontext()):
-            weights_finite, totals = self._train_loop(batches, tf.constant(num_steps))
-          record_graph = False
-          train_metrics = self._train_metrics.result(totals)  # host sync: waits for the n steps
-          loop_seconds = time.perf_counter() - loop_start
-          reached = position.advance(num_steps, batch_size)
-          if not (math.isfinite(train_metrics["loss"]) and bool(weights_finite)):
-            position = self._roll_back(position, reached, train_metrics["loss"])
-            batches = self._batches_from(position)
-            continue
-          position = reached
-          throughput.add(num_steps * batch_size, loop_seconds)
-          self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
+      self._save_timer.restart()
+      while position.step < total:
+        self.profiler.at_boundary(position.step)
+        num_steps = min(config.train.steps_per_loop, total - position.step,
+                        checkpoint_due.next_due(position.step) - position.step,
+                        eval_due.next_due(position.step) - position.step,
+                        (self.profiler.next_boundary(position.step) or total) - position.step)
+        loop_start = time.perf_counter()
+        with (self.summaries.graph_of_first_call(position.step) if record_graph
+              else contextlib.nullcontext()):
+          state_finite, totals = self._train_loop(batches, tf.constant(num_steps))
+        record_graph = False
+        train_metrics = self._totals.result(totals)  # host sync: waits for the n steps
+        loop_seconds = time.perf_counter() - loop_start
+        reached = position.advance(num_steps, batch_size)
+        if not (math.isfinite(train_metrics["loss"]) and bool(state_finite)):
+          position = self._roll_back(position, reached, train_metrics["loss"])
+          batches = self._batches_from(position)
+          continue
+        position = reached
+        throughput.add(num_steps * batch_size, loop_seconds)
+        self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
 
-          if watcher.stop_agreed():
-            self.save(position)
-            self.checkpoints.wait()
-            raise Preempted(position.step)
-          if eval_due.due(position.step):
-            eval_metrics = self.evaluate(position.step)
-            self._keep_if_best(position, eval_metrics)
-          if checkpoint_due.due(position.step):
-            self.save(position)
-      finally:
-        # Reads run in tf.numpy_function: an iterator kept alive by a traceback until
-        # the interpreter finalizes can deadlock the exit. Let it go here.
-        batches = None
+        # One collective for both: a signal on any worker stops them all; the chief's
+        # clock says whether checkpoint.interval_seconds passed (clocks differ).
+        stop, save_by_clock = self.agreement.share(
+            any_of=preemption.requested(), chiefs=1.0 if self._save_timer.due() else 0.0)
+        if stop:
+          self._save_and_stop(position)
+        if eval_due.due(position.step):
+          eval_metrics = self.evaluate(position.step)
+          self._keep_if_best(position, eval_metrics)
+        if checkpoint_due.due(position.step):
+          self.save(position)
+        elif save_by_clock:
+          logging.info("checkpoint.interval_seconds passed on the chief's clock: saving step %d",
+                       position.step)
+          self.save(position)
 
+    progress.finish()
     self.checkpoints.wait()  # the final step is on disk before anything reports it
+    if watcher.stop_agreed():
+      raise Preempted(position.step)
     if eval_metrics is None:  # resumed at the final step: nothing trained, still report
       eval_metrics = self.evaluate(position.step)
-    self.export(position.step)
+      if watcher.stop_agreed():
+        raise Preempted(position.step)
+    self.export(position.step)  # a signal from here on: finish (seconds) and exit 0
     summary = {
         "step": position.step,
         "train_loss": train_metrics.get("loss"),
@@ -248,6 +268,7 @@ class Trainer:
         "checkpoint_time_sec": self._checkpoint_seconds,
     }
     if self.is_chief:
+      hold_points.hold("summary")
       outputs.write_json(outputs.summary_path(self.model_dir), summary)
     self.summaries.close()
     return summary
@@ -261,20 +282,22 @@ class Trainer:
   def evaluate(self, step: int) -> dict:
     """The loss and every metric over every eval example exactly once."""
     start = time.perf_counter()
+    hold_points.hold("eval")
     if self._eval_pass is None:
+      decode = batching.device_decoder(self.eval_source)
+
       def dataset(input_context=None):
         return batching.eval_dataset(self.eval_source,
                                      global_batch_size=self.config.eval.global_batch_size,
-                                     input_context=input_context)
+                                     input_context=input_context,
+                                     decode_on_device=decode is not None)
       if self.coordinator:
-        self._eval_pass = steps.make_eval_pass(None, self.model, self._eval_metrics, dataset())
+        self._eval_pass = steps.make_eval_pass(None, self.model, self._totals, dataset(), decode)
       else:  # each worker reads only its replicas' slices of every eval batch
         self._eval_pass = steps.make_eval_pass(
-            self.strategy, self.model, self._eval_metrics,
-            self.strategy.distribute_datasets_from_function(dataset))
-    self._eval_metrics.reset()
-    self._eval_pass()
-    result = self._eval_metrics.result()  # host sync
+            self.strategy, self.model, self._totals,
+            self.strategy.distribute_datasets_from_function(dataset), decode)
+    result = self._totals.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name]
                                           for name in ("loss", *self._metric_names)})
     self.summaries.flush()
@@ -288,19 +311,40 @@ class Trainer:
     if self.checkpoints.latest_step() == position.step:
       return
     blocked = self.checkpoints.save(position.step, *self._snapshot(position))
+    self._save_timer.restart()
     self._checkpoint_seconds += blocked
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
                    blocked)
 
+  def _save_and_stop(self, position: Position) -> None:
+    """The preemption save: this step on disk, then Preempted (exit 42) in any case.
+    If it cannot be written, the last complete checkpoint is where the next run resumes."""
+    try:
+      self.save(position)
+      self.checkpoints.wait()
+    except StorageError as e:
+      raise Preempted(position.step, unsaved=str(e),
+                      last_complete=self.checkpoints.latest_step()) from None
+    raise Preempted(position.step)
+
   def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
     if self._best_checkpoints is not None:
+      if position.step in self._best_checkpoints.all_steps():
+        # Evaluated again after a rollback (or a restart from an earlier step).
+        logging.info("step %d is in %s already: kept as it is", position.step,
+                     self._best_checkpoints.directory)
+        return
       metric = self.config.checkpoint.best_metric
       self._best_checkpoints.save(position.step, *self._snapshot(position),
                                   metrics={metric: eval_metrics[metric]})
 
   def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
-    """Host copies of the state to save: model tree, optimizer tree, meta."""
+    """Host copies of the state to save: model tree, optimizer tree, meta.
+
+    The loop boundary has checked the state already (and rolled back if asked to);
+    this is the last guard: non-finite state never becomes a checkpoint.
+    """
     model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
     optimizer_tree = checkpoints.variables_tree(self._optimizer_state())
     bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
@@ -320,19 +364,19 @@ class Trainer:
         "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
         **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
-    logging.info("step %d/%d | %s | lr %.3g | %.0f examples/s | ETA %s",
-                 step, self.config.train.steps, _metrics_line(metrics, names),
-                 learning_rate, examples_per_sec,
-                 _eta(self.config.train.steps - step, loop_seconds / num_steps))
+    progress.show(step, self.config.train.steps,
+                  f"{_metrics_line(metrics, names)} | lr {learning_rate:.3g} | "
+                  f"{examples_per_sec:.0f} examples/s | "
+                  f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")
 
   def _train_dataset(self, *, start_example: int, global_batch_size: int | None = None,
-                     salted: bool = False, input_context=None,
-                     stream: str = "train") -> tf.data.Dataset:
+                     salted: bool = False, input_context=None, stream: str = "train",
+                     decode_on_device: bool = False) -> tf.data.Dataset:
     return batching.train_dataset(
         self.train_source, seed=self.config.runtime.seed,
         global_batch_size=global_batch_size or self.config.train.global_batch_size,
         start_example=start_example, preprocess=self._preprocess, salted=salted,
-        input_context=input_context, stream=stream)
+        input_context=input_context, stream=stream, decode_on_device=decode_on_device)
 
   # -- state in and out ---------------------------------------------------------
 
@@ -341,15 +385,27 @@ class Trainer:
 
     An unreadable step (files deleted or truncated) is set aside with a warning
     and the one before it is tried; a step of another model is refused (exit 2).
+
+    With several workers the chief's list of steps decides (a worker's list may be
+    stale, or a step half-visible on shared storage): the chief names each step to
+    try, every worker reads it, and all of them go on to the one before it unless
+    every worker could. The same number of collectives runs on every worker.
     """
-    for step in reversed(self.checkpoints.all_steps()):
+    self.checkpoints.wait()  # the chief's own pending save is a step to consider
+    self.checkpoints.reload()
+    step = self.agreement.chiefs(self._step_before(None))
+    while step >= 0:
       position = self.restore(step)
-      # Every worker lists the same shared directory; all of them must have read
-      # this step, or all go on to the one before it.
       if self.agreement.all(position is not None):
         logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
         return position
+      step = self.agreement.chiefs(self._step_before(step))
     return None
+
+  def _step_before(self, step: int | None) -> int:
+    """The newest checkpoint step below `step` (None: the newest of all); -1 if none."""
+    earlier = [s for s in self.checkpoints.all_steps() if step is None or s < step]
+    return earlier[-1] if earlier else -1
 
   def restore(self, step: int) -> Position | None:
     """The position of `step` once loaded; None if it is unreadable (then set aside)."""
@@ -375,6 +431,13 @@ class Trainer:
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     return Position(step, int(meta["examples_consumed"]))
 
+  def _non_finite_state(self) -> list[str]:
+    """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
+    return [f"{item}/{key}" for item, variables in
+            (("model", checkpoints.model_variables(self.model)),
+             ("optimizer", self._optimizer_state()))
+            for key in checkpoints.non_finite_keys(checkpoints.variables_tree(variables))]
+
   def _optimizer_state(self) -> dict:
     """Checkpoint keys -> variables of the optimizer, and of the loss scale if any."""
     state = checkpoints.optimizer_variables(self.optimizer)
@@ -394,9 +457,11 @@ class Trainer:
     return Position(0, 0)
 
   def _roll_back(self, position: Position, reached: Position, loss: float) -> Position:
-    """Non-finite loss or weights in the loop that ended at `reached`."""
-    what = (f"non-finite loss ({loss})" if not math.isfinite(loss) else "non-finite weights")
-    where = f"in steps {position.step + 1}..{reached.step}"
+    """Non-finite loss, weights or optimizer state in the loop that ended at `reached`."""
+    what = (f"non-finite loss ({loss})" if not math.isfinite(loss)
+            else f"non-finite values in {(self._non_finite_state() or ['the state'])[0]}")
+    where = (f"in steps {position.step + 1}..{reached.step}"
+             if reached.step > position.step + 1 else f"in step {reached.step}")
     policy = self.config.train.nonfinite_policy
     if policy == "stop":
       raise NonFiniteError(f"{what} {where}; stopped without saving them "
@@ -404,7 +469,6 @@ class Trainer:
     if self._rollbacks >= self.config.train.max_rollbacks:
       raise NonFiniteError(f"{what} {where} after {self._rollbacks} rollback(s) "
                            f"(train.max_rollbacks); stopped ({self._last_checkpoint()})")
-    self.checkpoints.wait()
     restored = self.restore_latest()
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
@@ -415,15 +479,18 @@ class Trainer:
     return Position(restored.step, reached.examples)
 
   def _batches_from(self, position: Position):
+    on_device = self._device_decode is not None  # uint8 across, scaled by the step
     if self.coordinator:
       # Asynchronous workers cannot split one stream exactly: each reads its own
       # order of the data (a per-worker salt), from the checkpointed position.
       return iter(self.coordinator.create_per_worker_dataset(
-          lambda: self._train_dataset(start_example=position.examples, salted=True)))
+          lambda: self._train_dataset(start_example=position.examples, salted=True,
+                                      decode_on_device=on_device)))
     # Each worker builds only its replicas' shares of every global batch.
     return iter(self.strategy.distribute_datasets_from_function(
         lambda input_context: self._train_dataset(start_example=position.examples,
-                                                  input_context=input_context)))
+                                                  input_context=input_context,
+                                                  decode_on_device=on_device)))
 
   def export(self, step: int) -> str | None:
     """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""

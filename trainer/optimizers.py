@@ -56,23 +56,28 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
 
 def apply_reduced_gradients(strategy: tf.distribute.Strategy,
                             optimizer: keras.optimizers.Optimizer,
-                            reduced_grads, variables, loss_scale=None, finite=None) -> None:
+                            reduced_grads, variables, loss_scale=None, finite=None,
+                            jit_compile: bool = False) -> None:
   """One optimizer step from gradients already summed over replicas.
 
   Runs in cross-replica context (inside `ReplicaContext.merge_call`), so no
-  replica context exists for Keras to all-reduce in; `extended.update` applies
-  the update to every copy of each mirrored variable. With a `loss_scale`
-  (float16) the gradients arrive unscaled with their `finite` verdict: a step
-  whose reduced gradients overflowed is skipped -- on every replica alike,
-  since they all saw the same reduced gradients -- and the scale shrinks.
+  replica context exists for Keras to all-reduce in. One `extended.update`
+  updates every variable: on each device it runs `_update_all` once, in that
+  device's update context, where every mirrored variable (weights and slots)
+  resolves to the device's own copy -- one function per device, which
+  `jit_compile` makes one XLA cluster instead of one small op per variable.
+  With a `loss_scale` (float16) the gradients arrive unscaled with their
+  `finite` verdict: a step whose reduced gradients overflowed is skipped -- on
+  every replica alike, since they all saw the same reduced gradients -- and the
+  scale shrinks.
   """
   if loss_scale is None:
-    _update(strategy, optimizer, reduced_grads, variables)
+    _update(strategy, optimizer, reduced_grads, variables, jit_compile)
     return
   finite = strategy.experimental_local_results(finite)[0]  # equal on every replica
 
   def apply():
-    _update(strategy, optimizer, reduced_grads, variables)
+    _update(strategy, optimizer, reduced_grads, variables, jit_compile)
     loss_scale.after_finite_step()
     return tf.constant(True)
 
@@ -83,11 +88,16 @@ def apply_reduced_gradients(strategy: tf.distribute.Strategy,
   tf.cond(finite, apply, skip)
 
 
-def _update(strategy, optimizer, grads, variables) -> None:
-  learning_rate = optimizer.learning_rate
-  for grad, variable in zip(grads, variables):
-    strategy.extended.update(
-        variable.value,  # the tf.Variable (a MirroredVariable under a strategy)
-        lambda var, g, lr: optimizer.update_step(g, var, lr),
-        args=(grad, learning_rate), group=False)
-  optimizer.iterations.assign_add(1)
+def _update(strategy, optimizer, grads, variables, jit_compile: bool) -> None:
+  def update_all(*device_grads):
+    learning_rate = optimizer.learning_rate
+    for grad, variable in zip(device_grads, variables):
+      optimizer.update_step(grad, variable, learning_rate)
+    optimizer.iterations.assign_add(1)
+
+  def on_device(unused_first_variable, *device_grads):
+    # A function per device: a trace captures that device's copies of the variables.
+    return tf.function(update_all, jit_compile=jit_compile, autograph=False)(*device_grads)
+
+  strategy.extended.update(variables[0].value,  # the tf.Variable (a MirroredVariable)
+                           on_device, args=tuple(grads), group=False)

@@ -11,6 +11,8 @@
 import json
 import os
 
+from trainer import storage
+
 
 def checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints")
@@ -29,13 +31,23 @@ def config_path(model_dir: str) -> str:
 
 
 def write_json(path: str, value: dict) -> None:
-  """Write-then-rename: readers never see half a file."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  """Write-then-rename: readers never see half a file. A full disk or a denied
+  write raises StorageError (one line) and leaves the previous file as it was."""
   temporary = path + ".tmp"
-  with open(temporary, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(temporary, path)
+  text = json.dumps(value, indent=2, sort_keys=True) + "\n"
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(temporary, "w") as f:
+      f.write(text)
+    os.replace(temporary, path)
+  except OSError as e:
+    if storage.reason(e) is None:
+      raise
+    try:
+      os.remove(temporary)
+    except OSError:
+      pass
+    raise storage.failure(os.path.basename(path), path, e, needed_bytes=len(text)) from None
 
 
 def read_summary(model_dir: str) -> dict | None:

@@ -1,4 +1,6 @@
-"""Periodic work asked "is it time?" with the step: *when*, kept apart from *what*."""
+"""Periodic work asked "is it time?" with the step (or a clock): *when*, kept apart from *what*."""
+import time
+from typing import Callable
 
 
 class Every:
@@ -16,3 +18,22 @@ class Every:
     if self.interval <= 0:
       return self.last_step
     return min((step // self.interval + 1) * self.interval, self.last_step)
+
+
+class AfterSeconds:
+  """Due once `interval` seconds have passed since the last `restart()`; `interval=0`: never.
+
+  The clock is passed in (a test moves it instead of sleeping). With several workers
+  only the chief's answer counts: wall clocks differ between machines.
+  """
+
+  def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+    self.interval = interval
+    self._clock = clock
+    self._since = clock()
+
+  def due(self) -> bool:
+    return self.interval > 0 and self._clock() - self._since >= self.interval
+
+  def restart(self) -> None:
+    self._since = self._clock()

@@ -4,15 +4,19 @@ The trace goes to model_dir/tensorboard/plugins/profile/<run>/, where
 TensorBoard's profile plugin (`pip install tensorboard-plugin-profile`) shows it.
 Like every periodic action it works at loop boundaries: the loop asks for the
 next boundary so that the window starts and ends exactly at START and END.
+
+Every worker of a synchronous cluster cuts its loops at those edges (the loops'
+collectives must pair up); only the chief (`trace=True`) records.
 """
 import tensorflow as tf
 
 
 class ProfileWindow:
 
-  def __init__(self, spec: str, logdir: str, *, enabled: bool):
+  def __init__(self, spec: str, logdir: str, *, trace: bool):
     self._logdir = logdir
-    self._window = tuple(int(part) for part in spec.split(",")) if spec and enabled else None
+    self._window = tuple(int(part) for part in spec.split(",")) if spec else None
+    self._trace = trace
     self._active = False
 
   def next_boundary(self, step: int) -> int | None:
@@ -24,7 +28,7 @@ class ProfileWindow:
 
   def at_boundary(self, step: int) -> None:
     """Starts the trace when `step` enters the window, stops it when it leaves."""
-    if self._window is None:
+    if self._window is None or not self._trace:
       return
     start, end = self._window
     if not self._active and start <= step < end:

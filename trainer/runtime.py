@@ -113,12 +113,25 @@ def _tpu_strategy():
   return tf.distribute.TPUStrategy(resolver)
 
 
-def serve(resolver) -> None:
-  """Runs this task's gRPC server until the process is killed: the worker and ps tasks
-  of a parameter-server cluster, while the chief (the coordinator) trains."""
-  server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                task_index=resolver.task_id, protocol="grpc", start=True)
-  server.join()
+def serve(resolver) -> tf.distribute.Server:
+  """Starts this task's gRPC server (the worker and ps tasks of a parameter-server
+  cluster, while the chief, the coordinator, trains). It serves from its own
+  threads until the process exits; the caller waits for a stop signal."""
+  return tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                              task_index=resolver.task_id, protocol="grpc", start=True)
+
+
+def jit_compile(runtime_config: ml_collections.ConfigDict,
+                strategy: tf.distribute.Strategy) -> bool:
+  """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:
+  several times faster on a GPU at small batch, slower for the seed CNN on a CPU)."""
+  if runtime_config.jit_compile != "auto":
+    return runtime_config.jit_compile == "true"
+  if isinstance(strategy, tf.distribute.TPUStrategy):
+    return True
+  # XLA on a GPU has no deterministic kernels for some gradients (MaxPool's, TF 2.21):
+  # runtime.deterministic wins.
+  return bool(tf.config.list_logical_devices("GPU")) and not runtime_config.deterministic
 
 
 def communication_options(runtime_config: ml_collections.ConfigDict):
@@ -151,11 +164,16 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
-  """Worker processes of a multi-worker strategy (1 for a local strategy)."""
+  """Processes that run training steps: every `chief` and `worker` task of a synchronous
+  cluster (a Kubeflow TFJob names one of them `chief`), the `worker` tasks alone under
+  parameter_server (whose chief only coordinates); 1 for a local strategy."""
   resolver = getattr(strategy, "cluster_resolver", None)
   if resolver is None or not resolver.task_type:
     return 1
-  return max(1, len(resolver.cluster_spec().as_dict().get("worker", [])))
+  cluster = resolver.cluster_spec().as_dict()
+  jobs = (("worker",) if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+          else ("chief", "worker"))
+  return max(1, sum(len(cluster.get(job, [])) for job in jobs))
 
 
 def coordinator(strategy: tf.distribute.Strategy):

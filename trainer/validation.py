@@ -72,6 +72,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "eval.timeout_seconds")
 
   _positive(config, "checkpoint.interval")
+  _non_negative(config, "checkpoint.interval_seconds")
   _positive(config, "checkpoint.max_to_keep")
   _non_negative(config, "checkpoint.keep_period")
   _non_negative(config, "checkpoint.keep_best")
@@ -91,7 +92,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _in_range(config, "runtime.slurm_port_base", 1, 65535)
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
   _profile_window(config.runtime.profile_steps)
-  _boolean(config, "runtime.jit_compile")
+  _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
 
 
 def _metric_specs(config) -> list[str]:
@@ -153,12 +154,6 @@ def _profile_window(spec: str) -> None:
   if (len(parts) != 2 or not all(p.strip().isdigit() for p in parts)
       or int(parts[0]) >= int(parts[1])):
     raise UserError(f"runtime.profile_steps={spec!r} must be 'START,END' with 0 <= START < END")
-
-
-def _boolean(config, field):
-  value = _get(config, field)
-  if not isinstance(value, bool):
-    raise UserError(f"{field}={value!r} must be true or false")
 
 
 def _one_of(config, field, choices):
