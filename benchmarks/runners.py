@@ -19,7 +19,8 @@ measures one thing in this (fresh) process and prints one `RESULT {json}` line
   ceiling, the one that matters on accelerators. One replica only (XLA cannot
   compile the update's cross-replica part).
 - `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
-  `distribute_datasets_from_function`, as the trainer consumes it), drained by a
+  `distribute_datasets_from_function`, as the trainer consumes it; the synthetic
+  arrays in memory, or converted records on disk with --data_dir), drained by a
   tf.function that does nothing else: what it can deliver to training.
 
 Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
@@ -40,6 +41,7 @@ import time
 
 from absl import app
 from absl import flags
+import ml_collections
 
 _RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "bare_xla", "pipeline"],
                             "what to measure", required=True)
@@ -53,6 +55,11 @@ _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 50,
                                        "timed run is a whole number of them")
 _STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 1, "fit: compile()'s")
 _JIT_COMPILE = flags.DEFINE_bool("jit_compile", False, "fit: compile()'s (XLA)")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "pipeline: read converted records "
+                                "(data.name='records') from here instead of the synthetic "
+                                "arrays in memory")
+_COLD = flags.DEFINE_bool("cold", False, "pipeline: time one run of --steps right after the "
+                          "first step (no warm-up): with the page cache dropped, reads hit the disk")
 _SEED = 0  # runtime.seed of configs/synthetic.py: the same weights and data as distloop
 
 
@@ -179,7 +186,10 @@ def _pipeline() -> dict:
   # As the trainer reads it: its replicas' shares of every batch, uint8 images scaled
   # on the device by the train step.
   source = splits.sources("synthetic")[0]
-  iterator = iter(strategy.distribute_datasets_from_function(
+  if _DATA_DIR.value:
+    from input_pipelines import records  # pylint: disable=g-import-not-at-top
+    source = records.build(ml_collections.ConfigDict({"dir": _DATA_DIR.value}), _SEED)[0]
+  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop.py reads
       lambda context: batching.train_dataset(source, seed=config.runtime.seed,
                                              global_batch_size=_BATCH.value, start_example=0,
                                              input_context=context, decode_on_device=True)))
@@ -193,7 +203,13 @@ def _pipeline() -> dict:
     for _ in range(num_steps // _STEPS_PER_LOOP.value):
       drain(tf.constant(_STEPS_PER_LOOP.value))
 
-  rate = _marginal(run)
+  if _COLD.value:
+    drain(tf.constant(1))  # tracing and the first reads
+    start = time.perf_counter()
+    run(_whole_loops(_STEPS.value))
+    rate = _whole_loops(_STEPS.value) * _BATCH.value / (time.perf_counter() - start)
+  else:
+    rate = _marginal(run)
   # Reads run in tf.numpy_function: an iterator still alive when the interpreter
   # finalizes can deadlock its exit (a tf.data thread waits for the GIL forever).
   del drain, iterator, run

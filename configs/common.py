@@ -21,8 +21,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.num_outputs = 1         # tabular: outputs of the last layer (1: a logit or a value)
 
   config.data = ml_collections.ConfigDict()
-  config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist | tabular | regression | image_folder, or MODULE:FUNCTION
-  config.data.dir = ""                 # the data's files (per pipeline); mnist: "" = Keras download/cache
+  config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist | tabular | regression | image_folder | records, or MODULE:FUNCTION
+  config.data.dir = ""                 # the data's files (per pipeline); mnist: "" = Keras download/cache; records: python -m input_pipelines.convert's --output
   config.data.preprocess = ""          # MODULE:FUNCTION(features, labels, seed) per training example; "" = none
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
