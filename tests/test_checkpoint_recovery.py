@@ -10,6 +10,8 @@ import pytest
 
 from tests.cli import run_trainer, train_ok
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _FLAGS = ["--config=synthetic", "--config.train.steps_per_loop=10",
           "--config.checkpoint.interval=20", "--config.data.num_train_examples=2000"]
 

@@ -16,6 +16,8 @@ from tests.processes import TrainerProcess
 from trainer import continuous_eval
 from trainer.errors import UserError
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _STEPS = 400
 _JOB = ("--config=synthetic", f"--config.train.steps={_STEPS}", "--config.checkpoint.interval=50",
         "--config.checkpoint.max_to_keep=2", "--config.eval.poll_seconds=1")

@@ -10,6 +10,8 @@ import pytest
 from tests.cli import run_trainer, train_ok
 from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _FLAGS = ["--config=synthetic", "--config.train.steps=200", "--config.train.global_batch_size=48",
           "--config.train.steps_per_loop=5", "--config.checkpoint.interval=20",
           "--config.data.num_train_examples=1000", "--config.runtime.deterministic=true"]

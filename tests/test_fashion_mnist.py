@@ -26,6 +26,8 @@ def test_saved_model_agrees_with_eval_accuracy(fashion_run):
   model_dir, summary = fashion_run
   code = f"""
 import gzip, json, numpy as np, tensorflow as tf
+
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 def idx(name):
   raw = gzip.open('{FASHION_MNIST_DIR}/' + name).read()
   ndim = raw[3]

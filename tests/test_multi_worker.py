@@ -22,6 +22,8 @@ from tests.cli import REPO, run_trainer, train_ok
 from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
                              loopback_only, needs_loopback)
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _STEPS = 60
 # Deterministic kernels; 1,000 examples at batch 48, so step 25 is mid-epoch.
 _FLAGS = ["--config=synthetic", f"--config.train.steps={_STEPS}",

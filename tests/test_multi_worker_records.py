@@ -10,6 +10,8 @@ from tests.cli import train_ok
 from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays, loopback_only
 from tests.test_records import _IMAGES_SPEC, write_records
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _STEPS, _BATCH, _TRAIN, _EVAL = 60, 48, 6000, 500  # 60 steps stay inside epoch 0
 _FLAGS = ["--config=mnist_cnn", "--config.data.name=records", f"--config.train.steps={_STEPS}",
           f"--config.train.global_batch_size={_BATCH}", "--config.train.steps_per_loop=5",

@@ -9,6 +9,8 @@ import pytest
 from tests.cli import run_trainer, train_ok
 from tests.processes import checkpoint_arrays
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _FLAGS = ["--config=synthetic", "--config.train.steps=200", "--config.data.num_train_examples=4000"]
 
 

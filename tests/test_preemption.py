@@ -9,6 +9,8 @@ import pytest
 from tests.cli import run_trainer, train_ok
 from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 # 1,000 examples at batch 48: an epoch is 20.8 steps, so step 35 is mid-epoch and
 # batches straddle epoch boundaries.
 _FLAGS = ["--config=synthetic", "--config.train.steps=120", "--config.train.global_batch_size=48",

@@ -208,6 +208,7 @@ def fashion_two_epochs(fashion_records, tmp_path_factory):
   return model_dir, summary
 
 
+@pytest.mark.slow
 def test_converted_fashion_mnist_is_several_shards(fashion_records):
   manifest = json.loads((fashion_records / "manifest.json").read_text())
   assert len(manifest["splits"]["train"]) >= 4
@@ -215,6 +216,7 @@ def test_converted_fashion_mnist_is_several_shards(fashion_records):
   assert sum(s["num_records"] for s in manifest["splits"]["eval"]) == 10_000
 
 
+@pytest.mark.slow
 def test_same_weights_as_the_idx_files_in_memory_after_200_steps(fashion_two_epochs, tmp_path):
   model_dir, _ = fashion_two_epochs
   train_ok(tmp_path, *_DETERMINISTIC, "--config.data.name=fashion_mnist",
@@ -223,6 +225,7 @@ def test_same_weights_as_the_idx_files_in_memory_after_200_steps(fashion_two_epo
   assert_same_state(checkpoint_arrays(model_dir, 200), in_memory, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_epochs_from_disk_reach_088_and_export_images(fashion_two_epochs):
   model_dir, summary = fashion_two_epochs
   assert summary["step"] == 1875 and summary["eval_examples"] == 10_000

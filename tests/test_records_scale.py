@@ -55,6 +55,8 @@ def datasets(tmp_path_factory):
 # a child forked straight from pytest (whose RSS is large) would report pytest's pages too.
 _MEASURED = """
 import os, signal, subprocess, sys
+
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 child = subprocess.Popen(sys.argv[1:])
 signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
 _, status, usage = os.wait4(child.pid, 0)

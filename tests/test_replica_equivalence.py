@@ -13,6 +13,8 @@ import pytest
 
 from tests.cli import run_python, train_ok
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _COMMON = ["--config=synthetic", "--config.train.steps=30", "--config.train.global_batch_size=48",
            "--config.train.steps_per_loop=10", "--config.runtime.strategy=mirrored",
            "--config.runtime.deterministic=true"]

@@ -19,6 +19,8 @@ from tests.processes import (TrainerProcess, assert_same_state, checkpoint_array
 from trainer import continuous_eval
 from trainer.errors import Preempted
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _STEPS = 60
 _FLAGS = ["--config=synthetic", f"--config.train.steps={_STEPS}",
           "--config.train.global_batch_size=48", "--config.train.steps_per_loop=5",

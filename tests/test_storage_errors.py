@@ -39,7 +39,8 @@ def _mount_refusal() -> str | None:
 
 
 _REFUSAL = _mount_refusal()
-pytestmark = pytest.mark.skipif(_REFUSAL is not None, reason=str(_REFUSAL))
+pytestmark = [pytest.mark.skipif(_REFUSAL is not None, reason=str(_REFUSAL)),
+              pytest.mark.slow]  # python -m pytest -m slow (CI runs these too)
 
 
 @pytest.fixture
