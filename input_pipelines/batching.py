@@ -180,7 +180,7 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
     leaves = tf.numpy_function(read_numpy, [rows], dtypes, stateful=False)
     for leaf, (shape, _) in zip(leaves, specs):
       leaf.set_shape([None, *shape])
-    if not decode:
+    if not decode and device_decoder(source) is not None:  # the step decodes, on the device
       return source.assemble(leaves, decode=False)
     return source.assemble(leaves)
   return read
