@@ -17,6 +17,7 @@ What it guarantees:
   the shards already done and finishes; a finished folder is a quick no-op.
   Another input into the same folder is refused (exit 2).
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -72,9 +73,11 @@ def main(argv):
         eval_input=_EVAL_INPUT.value, features=_FEATURES.value, label=_LABEL.value,
         eval_fraction=_EVAL_FRACTION.value, seed=_SEED.value, image_size=_IMAGE_SIZE.value,
         channels=_CHANNELS.value)
-    with logs.native_startup_silenced():  # TensorFlow's start-up lines are noise here
-      source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)  # checks the input
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel  (it encodes the records)
+    # Checks the input first (TensorFlow is not needed for that, except to read TFRecords),
+    # then loads TensorFlow, which encodes the records, with its start-up lines hidden.
+    with logs.native_startup_silenced():
+      source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,
                    compress=_COMPRESS.value)
   except DataError as e:
@@ -82,6 +85,8 @@ def main(argv):
   except Interrupted as e:
     print(f"distloop: {e}", file=sys.stderr)
     return EXIT_INTERRUPTED
+  except OSError as e:  # a disk that is full, a shard that did not read back as written
+    _fail(EXIT_FAILURE, e)
 
 
 def convert(source: convert_inputs.Input, output: str, *, shard_bytes: int = 256 << 20,
@@ -181,19 +186,18 @@ def _write_split(progress, data: convert_inputs.Split, names: list[str], per_sha
   return written
 
 
-class _signals_interrupt:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def _signals_interrupt():
   """SIGTERM/SIGINT -> Interrupted at the next record (the shard in progress is dropped)."""
-
-  def __enter__(self):
-    def handler(signum, frame):
-      del signum, frame
-      raise Interrupted("interrupted")
-    self._previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return self
-
-  def __exit__(self, *exc):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
+  def handler(signum, frame):
+    del signum, frame
+    raise Interrupted("interrupted")
+  previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for signum, handler_before in previous.items():
+      signal.signal(signum, handler_before)
 
 
 def _verify(directory: str) -> int:
