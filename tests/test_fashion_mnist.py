@@ -5,6 +5,8 @@ import pytest
 
 from tests.cli import FASHION_MNIST_DIR, run_python, train_ok
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 
 @pytest.fixture(scope="module")
 def fashion_run(tmp_path_factory):
@@ -27,7 +29,6 @@ def test_saved_model_agrees_with_eval_accuracy(fashion_run):
   code = f"""
 import gzip, json, numpy as np, tensorflow as tf
 
-pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 def idx(name):
   raw = gzip.open('{FASHION_MNIST_DIR}/' + name).read()
   ndim = raw[3]

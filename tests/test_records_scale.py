@@ -16,6 +16,8 @@ from input_pipelines import convert_inputs
 from tests.cli import REPO
 from tests.processes import assert_same_state, checkpoint_arrays
 
+pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
+
 _RECORD_BYTES = 256 << 10
 _SPEC = {"blob": {"encoding": "raw", "dtype": "uint8", "shape": [_RECORD_BYTES]},
          "label": {"encoding": "int64", "shape": []}}
@@ -56,7 +58,6 @@ def datasets(tmp_path_factory):
 _MEASURED = """
 import os, signal, subprocess, sys
 
-pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 child = subprocess.Popen(sys.argv[1:])
 signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
 _, status, usage = os.wait4(child.pid, 0)
