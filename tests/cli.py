@@ -20,11 +20,17 @@ class Result:
     return [line for line in self.stderr.splitlines() if line.strip()]
 
 
+def user_environment() -> dict:
+  """os.environ as a user's shell has it: importing TensorFlow in this test process set
+  TF_CPP_MIN_LOG_LEVEL=1, which a child would inherit instead of the trainer's default."""
+  return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
 def run_trainer(model_dir, *flags: str, timeout: float = 600, env: dict | None = None) -> Result:
   command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", *flags]
   try:
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                               cwd=REPO, env={**os.environ, **(env or {})})
+                               cwd=REPO, env={**user_environment(), **(env or {})})
   except subprocess.TimeoutExpired as e:  # say where it was, not only that it hung
     output = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
     raise AssertionError(f"trainer still running after {timeout} s; its log ends:\n"

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.cli import REPO, run_python
+from tests.cli import REPO, run_python, user_environment
 
 
 LOOPBACK_SKIP = "multi-process TensorFlow tests skipped"
@@ -67,7 +67,7 @@ class TrainerProcess:
     command = [*(prefix or []), sys.executable, "-m", module, *model_dir_flags, *flags]
     self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, **(env or {})})
+                                    env={**user_environment(), **(env or {})})
     threading.Thread(target=self._read, daemon=True).start()
 
   def _read(self):
