@@ -121,6 +121,12 @@ def serve(resolver) -> tf.distribute.Server:
                               task_index=resolver.task_id, protocol="grpc", start=True)
 
 
+def has_accelerator(strategy: tf.distribute.Strategy) -> bool:
+  """A GPU or TPU does the steps (not only the CPU)."""
+  return (isinstance(strategy, tf.distribute.TPUStrategy)
+          or bool(tf.config.list_logical_devices("GPU")))
+
+
 def jit_compile(runtime_config: ml_collections.ConfigDict,
                 strategy: tf.distribute.Strategy) -> bool:
   """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:
