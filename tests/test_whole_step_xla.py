@@ -12,8 +12,8 @@ import pytest
 from tests.cli import run_trainer, train_ok
 from tests.processes import assert_same_state, checkpoint_arrays
 
-_SGD = ["--config=synthetic", "--config.train.optimizer=momentum",
-        "--config.train.learning_rate=0.05", "--config.train.steps=30",
+_SGD = ["--config=synthetic", "--config.train.optimizer=sgd",
+        "--config.train.learning_rate=0.02", "--config.train.steps=30",
         "--config.train.global_batch_size=48", "--config.train.steps_per_loop=10",
         "--config.runtime.strategy=mirrored"]
 
