@@ -118,6 +118,7 @@ class Trainer:
     self._preprocess = _preprocess_fn(config.data.preprocess)
     loss_fn = losses.resolve(config.train.loss)
     metric_fns = metrics.resolve(config.eval, config.train.loss)
+    self._metric_names = list(metric_fns)  # eval_<name> and train_<name>, in config order
     # A few real training examples: the model's input spec, the start-up checks, samples.
     self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
@@ -276,10 +277,6 @@ class Trainer:
     return summary
 
   # -- the periodic work --------------------------------------------------------
-
-  @property
-  def _metric_names(self) -> list[str]:
-    return [plugins.name_of(spec) for spec in metrics.names(self.config.eval)]
 
   def evaluate(self, step: int) -> dict:
     """The loss and every metric over every eval example exactly once."""

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from trainer import losses
 from trainer import plugins
+from trainer import validation
 
 
 def accuracy(labels, outputs, *, threshold: float = 0.0):
@@ -41,7 +42,7 @@ NAMES = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
 
 def names(eval_config) -> list[str]:
   """The metric specs of `eval.metrics`, in order."""
-  return [name.strip() for name in eval_config.metrics.split(",") if name.strip()]
+  return validation.metric_specs(eval_config)
 
 
 def resolve(eval_config, loss_name: str) -> dict:

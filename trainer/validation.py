@@ -77,7 +77,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "checkpoint.keep_period")
   _non_negative(config, "checkpoint.keep_best")
   _one_of(config, "checkpoint.best_mode", BEST_MODES)
-  reported = ["loss"] + [plugins.name_of(spec) for spec in _metric_specs(config)]
+  reported = ["loss"] + [plugins.name_of(spec) for spec in metric_specs(config.eval)]
   if config.checkpoint.keep_best and config.checkpoint.best_metric not in reported:
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
@@ -95,12 +95,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
 
 
-def _metric_specs(config) -> list[str]:
-  return [name.strip() for name in str(config.eval.metrics).split(",") if name.strip()]
+def metric_specs(eval_config) -> list[str]:
+  """The entries of eval.metrics, in order (also trainer/metrics.py's list)."""
+  return [name.strip() for name in str(eval_config.metrics).split(",") if name.strip()]
 
 
 def _metrics(config) -> None:
-  specs = _metric_specs(config)
+  specs = metric_specs(config.eval)
   names = [plugins.name_of(spec) for spec in specs]
   for spec, name in zip(specs, names):
     plugins.resolve("eval.metrics", spec, dict.fromkeys(METRICS))
