@@ -45,8 +45,11 @@ from input_pipelines.sources import ArraySource, IndexableSource, Source, Stream
 
 _FOREVER = np.iinfo(np.int64).max
 # Small batches are read a few at a time: one numpy call per element would cost more
-# than the gather itself (measured: batch 32 read alone ran at half the speed).
+# than the gather itself (measured: batch 32 read alone ran at half the speed). Big
+# examples are read a per-replica batch at a time: with ~4 MiB per read, the reads in
+# flight (AUTOTUNE) hold about the same memory whatever the examples' size.
 _ROWS_PER_READ = 256
+_BYTES_PER_READ = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +98,8 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
       order_seed += tf.cast(tf.timestamp() * 1e6, tf.int64)
     read = _reader(source, stream, decode=not decode_on_device)
 
-    chunk = max(1, _ROWS_PER_READ // per_replica)  # elements read by one call
+    rows = min(_ROWS_PER_READ, _BYTES_PER_READ // max(1, source.example_bytes()))
+    chunk = max(1, rows // per_replica)  # elements read by one call
 
     def elements(c):  # element j: replica first + j % local of step j // local
       j = c * chunk + tf.range(chunk, dtype=tf.int64)

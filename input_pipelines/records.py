@@ -36,6 +36,7 @@ class RecordSource(IndexableSource):
     shard_list = manifest.splits[split]
     self._readers = shards.Readers([os.path.join(directory, s["file"]) for s in shard_list])
     self._starts = np.cumsum([0] + [s["num_records"] for s in shard_list])
+    self._bytes = sum(s["bytes"] for s in shard_list)
     keys = features_lib.feature_keys(manifest.features, manifest.label)
     self.feature_name = keys[0] if len(keys) == 1 else "inputs"
 
@@ -44,6 +45,9 @@ class RecordSource(IndexableSource):
 
   def leaf_specs(self):
     return [((), np.dtype(object))]  # the serialized records
+
+  def example_bytes(self) -> int:
+    return int(self._bytes // max(1, len(self)))
 
   def read_leaves(self, rows):
     rows = np.asarray(rows, dtype=np.int64)

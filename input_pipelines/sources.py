@@ -64,6 +64,12 @@ class IndexableSource(Source):
   def assemble(self, leaves: list):
     raise NotImplementedError
 
+  def example_bytes(self) -> int:
+    """About how many bytes one example's leaves hold (variable-size leaves count 0):
+    batching sizes its reads by it, so memory in flight does not scale with records."""
+    return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+               for shape, dtype in self.leaf_specs() if np.dtype(dtype).kind not in "SOU")
+
 
 class ArraySource(IndexableSource):
   """Examples held in memory. `decode` (built-ins only) maps a batch of stored

@@ -81,6 +81,33 @@ def test_an_indexed_source_gets_the_batches_of_the_same_arrays_in_memory():
   assert on_demand == in_memory
 
 
+class _BigExamples:
+  """1 MiB examples; records how many rows each read asks for."""
+
+  def __init__(self):
+    self.reads = []
+
+  def __len__(self):
+    return 64
+
+  def __getitem__(self, indices):
+    self.reads.append(len(indices))
+    return np.zeros((len(indices), 1 << 18), np.float32), np.zeros(len(indices), np.int64)
+
+
+def test_big_examples_are_read_a_few_mib_at_a_time():
+  """Reads in flight are AUTOTUNE'd: sized in rows alone, 256 big examples per read would
+  hold hundreds of MiB, more the more cores the machine has."""
+  from input_pipelines import sources  # pylint: disable=import-outside-toplevel
+  big = _BigExamples()
+  source = sources.as_source(big, "test")
+  big.reads.clear()
+  for _ in batching.train_dataset(source, seed=0, global_batch_size=2,
+                                  start_example=0).take(6):
+    pass
+  assert big.reads and max(big.reads) <= 4, big.reads
+
+
 def _noisy(features, labels, seed):
   """A random augmentation: noise from the stateless seed distloop passes in."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
