@@ -150,11 +150,11 @@ def test_disk_full_writing_summary_json(tmp_path, tmpfs):
 
 
 def _fill(path) -> None:
-  """Takes every free byte of the file system holding `path`."""
-  with open(path, "wb") as f:
+  """Takes every free byte of the file system holding `path`. Unbuffered: a buffered
+  file keeps what did not fit and raises ENOSPC again when it is closed."""
+  with open(path, "wb", buffering=0) as f:
     try:
       while True:
-        f.write(b"\0" * (1 << 16))
-        f.flush()
+        f.write(b"\0" * (1 << 16))  # a partial write takes the last bytes
     except OSError:
       pass
