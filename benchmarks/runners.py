@@ -157,7 +157,7 @@ def _fit() -> dict:
   times = boundaries.times
   if len(times) < 3:
     raise ValueError(f"{steps} steps are too few to time fit: raise --steps")
-  steps_between = (len(times) - 1) * steps // len(times)
+  steps_between = (len(times) - 1) * _STEPS_PER_EXECUTION.value  # one time per execution
   return {"examples_per_sec": steps_between * _BATCH.value / (times[-1] - times[0])}
 
 

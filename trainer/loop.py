@@ -140,9 +140,9 @@ class Trainer:
     # On an accelerator uint8 images cross to it and are scaled there (unless a
     # per-example preprocess must see them decoded first); on a CPU the host is the
     # device, and decoding in tf.data keeps the arithmetic of every source the same.
+    self._on_accelerator = runtime.has_accelerator(strategy)
     self._device_decode = (batching.device_decoder(self.train_source)
-                           if self._preprocess is None and runtime.has_accelerator(strategy)
-                           else None)
+                           if self._preprocess is None and self._on_accelerator else None)
     jit_compile = runtime.jit_compile(config.runtime, strategy)
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
@@ -283,8 +283,7 @@ class Trainer:
     start = time.perf_counter()
     hold_points.hold("eval")
     if self._eval_pass is None:
-      decode = (batching.device_decoder(self.eval_source)
-                if runtime.has_accelerator(self.strategy) else None)
+      decode = batching.device_decoder(self.eval_source) if self._on_accelerator else None
 
       def dataset(input_context=None):
         return batching.eval_dataset(self.eval_source,

@@ -40,11 +40,6 @@ NAMES = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
          "mean_squared_error")
 
 
-def names(eval_config) -> list[str]:
-  """The metric specs of `eval.metrics`, in order."""
-  return validation.metric_specs(eval_config)
-
-
 def resolve(eval_config, loss_name: str) -> dict:
   """{reported name: per-example function} for `eval.metrics`.
 
@@ -60,7 +55,7 @@ def resolve(eval_config, loss_name: str) -> dict:
       "mean_squared_error": losses.mean_squared_error,
   }
   resolved = {}
-  for spec in names(eval_config):
+  for spec in validation.metric_specs(eval_config):
     name = plugins.name_of(spec)
     if name in resolved or name in ("loss", "examples"):
       raise plugins.UserError(f"eval.metrics: the name {name!r} is given twice or is reserved")

@@ -133,11 +133,10 @@ def jit_compile(runtime_config: ml_collections.ConfigDict,
   several times faster on a GPU at small batch, slower for the seed CNN on a CPU)."""
   if runtime_config.jit_compile != "auto":
     return runtime_config.jit_compile == "true"
-  if isinstance(strategy, tf.distribute.TPUStrategy):
-    return True
   # XLA on a GPU has no deterministic kernels for some gradients (MaxPool's, TF 2.21):
-  # runtime.deterministic wins.
-  return bool(tf.config.list_logical_devices("GPU")) and not runtime_config.deterministic
+  # there runtime.deterministic wins.
+  return has_accelerator(strategy) and (isinstance(strategy, tf.distribute.TPUStrategy)
+                                        or not runtime_config.deterministic)
 
 
 def communication_options(runtime_config: ml_collections.ConfigDict):
