@@ -27,6 +27,10 @@ Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
 for the life of a process, and cannot host two strategies of different sizes in
 one; each measurement starts where a user's job starts.
 
+CPU kernels: TensorFlow's own default here (oneDNN only on CPUs with AVX-512
+VNNI/BF16 or AMX) unless TF_ENABLE_ONEDNN_OPTS says otherwise; throughput.py
+sets it for every child, and RESULT names the kernels that ran.
+
 What is timed: the steady rate, as distloop's loop-boundary timestamps measure it.
 fit: after a warm-up call (tracing, compilation), one call of S steps, timed from
 the end of its first execution to the end of its last (a callback's timestamps),
@@ -248,6 +252,12 @@ def _device() -> str:
   return "CPU"
 
 
+def _cpu_kernels() -> str:
+  """oneDNN or Eigen: TF_ENABLE_ONEDNN_OPTS as this process started (throughput.py sets it)."""
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+  return "oneDNN" if _pywrap_util_port.IsMklEnabled() else "Eigen"
+
+
 def _one_line(error: Exception) -> str:
   """The gist of a (often multi-page) TensorFlow error."""
   text = re.sub(r" \(defined @ [^)]*\)", "", str(error))  # source paths of the variable
@@ -266,7 +276,7 @@ def main(argv):
   try:
     runners = {"fit": _fit, "bare": _bare, "bare_xla": lambda: _bare(jit_compile=True),
                "pipeline": _pipeline}
-    result = {**runners[_RUNNER.value](), "device": _device()}
+    result = {**runners[_RUNNER.value](), "device": _device(), "cpu_kernels": _cpu_kernels()}
   except Exception as e:  # pylint: disable=broad-except
     print("ERROR " + _one_line(e), flush=True)
     raise

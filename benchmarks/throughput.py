@@ -22,8 +22,12 @@ How it stays fair:
   beside it. fit: the same window, from its first to its last execution's end
   (a callback); bare: marginal throughput between runs of S/4 and S steps after
   a warm-up (benchmarks/runners.py).
+- The same CPU kernels (--cpu_kernels: oneDNN, which distloop turns on, or
+  Eigen) for distloop and both bare loops.
 - fit's best setting is found first, one process per `steps_per_execution` in
-  {1, L} x `jit_compile` in {False, True}; the A/B/C rounds use the winner.
+  {1, L} x `jit_compile` in {False, True} with those kernels, and {1, L} without
+  XLA with the other ones (TensorFlow's own default on an AVX2 CPU is Eigen);
+  the A/B/C rounds use the winner.
 - Peak RSS comes from the kernel: `os.wait4` returns the resource usage of that
   one child (RUSAGE_CHILDREN would be the maximum over all children so far).
 
@@ -66,9 +70,14 @@ _OUTPUT = flags.DEFINE_string("output", "", "also write the report to this file"
 _MODEL = flags.DEFINE_enum("model", "mnist_cnn", ["mnist_cnn", "mlp"], "the model of every run")
 _MLP_UNITS = flags.DEFINE_integer("mlp_units", 128, "--model=mlp: hidden units (8: a step "
                                   "that is nearly all op dispatch, as on a GPU)")
+_CPU_KERNELS = flags.DEFINE_enum("cpu_kernels", "onednn", ["onednn", "eigen"],
+                                 "TensorFlow's CPU kernels for distloop and the bare loops "
+                                 "(TF_ENABLE_ONEDNN_OPTS=1 or 0)")
 _FIT_SETTINGS = flags.DEFINE_list("fit_settings", [],
-                                  "fit settings to try, as STEPS_PER_EXECUTION:jit|nojit "
-                                  "(default: {1, steps_per_loop} x {jit, nojit})")
+                                  "fit settings to try, as STEPS_PER_EXECUTION:jit|nojit"
+                                  "[:onednn|eigen] (kernels default to --cpu_kernels; default "
+                                  "list: {1, steps_per_loop} x {jit, nojit}, and {1, "
+                                  "steps_per_loop} without jit on the other kernels)")
 _CHECKPOINT_COST = flags.DEFINE_bool("checkpoint_cost", True, "measure (e)")
 _PIPELINE = flags.DEFINE_bool("pipeline", True, "measure (d)")
 _QUICK = flags.DEFINE_bool("quick", False,
@@ -81,9 +90,14 @@ _QUICK_STEPS = 200
 # -- running one child --------------------------------------------------------
 
 
-def _run_child(command: list[str]) -> tuple[str, str, int, float]:
-  """(stdout, stderr, exit code, peak RSS in MB) of `command`, run to its end."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def _onednn_env(kernels: str) -> str:
+  return "1" if kernels == "onednn" else "0"
+
+
+def _run_child(command: list[str], kernels: str) -> tuple[str, str, int, float]:
+  """(stdout, stderr, exit code, peak RSS in MB) of `command`, run to its end with
+  `kernels` ("onednn" or "eigen") as TensorFlow's CPU kernels."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS=_onednn_env(kernels))
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
     process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
     # wait4, not wait: the rusage of this child alone (ru_maxrss is in KiB on Linux).
@@ -101,13 +115,13 @@ def _failure(command: list[str], code: int, stderr: str) -> SystemExit:
 
 
 def _runner(name: str, batch: int, replicas: int, steps: int, *extra: str,
-            may_fail: bool = False) -> dict:
+            may_fail: bool = False, kernels: str = "") -> dict:
   """One measurement of benchmarks/runners.py (fit, bare, pipeline) in a fresh process."""
   command = [sys.executable, "-m", "benchmarks.runners", f"--runner={name}", f"--batch={batch}",
              f"--replicas={replicas}", f"--steps={steps}",
              f"--steps_per_loop={_STEPS_PER_LOOP.value}", f"--model={_MODEL.value}",
              f"--mlp_units={_MLP_UNITS.value}", *extra]
-  stdout, stderr, code, peak_rss_mb = _run_child(command)
+  stdout, stderr, code, peak_rss_mb = _run_child(command, kernels or _CPU_KERNELS.value)
   for line in reversed(stdout.splitlines()):
     if line.startswith("RESULT ") and code == 0:
       return {**json.loads(line[len("RESULT "):]), "peak_rss_mb": peak_rss_mb}
@@ -127,7 +141,7 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
         f"--config.runtime.strategy={'default' if replicas == 1 else 'mirrored'}",
         f"--config.runtime.num_cpu_devices={replicas}",
         f"--config.model.name={_MODEL.value}", f"--config.model.mlp_units={_MLP_UNITS.value}"]
-    _, stderr, code, peak_rss_mb = _run_child(command)
+    _, stderr, code, peak_rss_mb = _run_child(command, _CPU_KERNELS.value)
     if code != 0:
       raise _failure(command, code, stderr)
     with open(os.path.join(model_dir, "summary.json")) as f:
@@ -182,21 +196,26 @@ def _sweep_steps(batch: int) -> int:
              4 * _STEPS_PER_LOOP.value)
 
 
-def _fit_settings() -> list[tuple[int, bool]]:
+def _fit_settings() -> list[tuple[int, bool, str]]:
+  """(steps_per_execution, jit_compile, CPU kernels) of every fit setting to try."""
   if _FIT_SETTINGS.value:
-    return [(int(spec.split(":")[0]), spec.split(":")[1] == "jit") for spec in _FIT_SETTINGS.value]
-  return [(steps_per_execution, jit_compile)
-          for steps_per_execution in (1, _STEPS_PER_LOOP.value) for jit_compile in (False, True)]
+    return [(int(spec.split(":")[0]), spec.split(":")[1] == "jit",
+             (spec.split(":") + [_CPU_KERNELS.value])[2]) for spec in _FIT_SETTINGS.value]
+  other = "eigen" if _CPU_KERNELS.value == "onednn" else "onednn"
+  loops = (1, _STEPS_PER_LOOP.value)
+  return ([(spe, jit, _CPU_KERNELS.value) for spe in loops for jit in (False, True)]
+          + [(spe, False, other) for spe in loops])
 
 
-def _fit_flags(setting: tuple[int, bool]) -> list[str]:
-  steps_per_execution, jit_compile = setting
+def _fit_flags(setting: tuple[int, bool, str]) -> list[str]:
+  steps_per_execution, jit_compile, _ = setting
   return [f"--steps_per_execution={steps_per_execution}",
           "--jit_compile" if jit_compile else "--nojit_compile"]
 
 
-def _describe(setting: tuple[int, bool]) -> str:
-  return f"steps_per_execution={setting[0]}, jit_compile={setting[1]}"
+def _describe(setting: tuple[int, bool, str]) -> str:
+  kernels = {"onednn": "oneDNN", "eigen": "Eigen"}[setting[2]]
+  return f"steps_per_execution={setting[0]}, jit_compile={setting[1]}, {kernels}"
 
 
 def _progress(message: str) -> None:
@@ -221,7 +240,7 @@ def _measure_training(batch: int, replicas: int, repeats: int) -> dict:
   settings = {}
   for setting in _fit_settings():  # one process each: a failure must not poison the next
     settings[setting] = _runner("fit", batch, replicas, _sweep_steps(batch), *_fit_flags(setting),
-                                may_fail=True)
+                                may_fail=True, kernels=setting[2])
     rate = settings[setting].get("examples_per_sec")
     _progress(f"  batch {batch}, {replicas} replica(s), fit {_describe(setting)}: "
               + (f"{rate:.0f} ex/s" if rate else f"failed ({settings[setting]['error']})"))
@@ -236,7 +255,8 @@ def _measure_training(batch: int, replicas: int, repeats: int) -> dict:
     if repeat == 0 and (_QUICK.value or len(_fit_settings()) == 1):  # the one setting's run
       runs["fit"].append(working[best])
     else:
-      runs["fit"].append(_runner("fit", batch, replicas, steps, *_fit_flags(best)))
+      runs["fit"].append(_runner("fit", batch, replicas, steps, *_fit_flags(best),
+                                 kernels=best[2]))
     runs["bare"].append(_runner("bare", batch, replicas, steps))
     if replicas == 1:
       runs["bare_xla"].append(_runner("bare_xla", batch, replicas, steps))
@@ -342,8 +362,9 @@ def _training_section(training: dict) -> list[str]:
         f"{_spread(runs['bare'])} | {_spread(runs['bare_xla']) if xla else '-'} | "
         f"{ours / fit:.2f}x | {ours / bare:.2f}x | {f'{ours / xla:.2f}x' if xla else '-'} |")
   lines += ["", "### fit's settings", "",
-            f"One process each, {{1, {_STEPS_PER_LOOP.value}}} steps_per_execution x jit_compile, "
-            "at half the steps (at least 4 loops); the fastest (bold) is the fit column above.",
+            "One process each (--fit_settings: steps_per_execution, jit_compile, TensorFlow's "
+            "CPU kernels), at half the steps (at least 4 loops); the fastest (bold) is the fit "
+            "column above.",
             "",
             "| batch | replicas | " + " | ".join(_describe(s) for s in _fit_settings()) + " |",
             "| ---: | ---: |" + " --- |" * len(_fit_settings())]
@@ -435,7 +456,8 @@ _NOTES = """## What differs between the three
 
 - Same: the model (`--model`: the seed CNN of configs/synthetic.py, or the MLP),
   its initial weights (seed 0), Adam(1e-3), the global batch, the strategy, the
-  10,000 synthetic training examples held in memory.
+  10,000 synthetic training examples held in memory, and TensorFlow's CPU kernels
+  (--cpu_kernels; fit also tries the other ones and keeps the faster).
 - Work per step: distloop also computes the gradient's global norm and sums
   examples, loss and correct predictions as values carried by its compiled loop,
   and checks every weight is finite once per loop; it all-reduces explicitly and
@@ -498,6 +520,9 @@ def main(argv):
       f"- other processes used {foreign_load.share():.0%} of the machine's CPU time while this "
       "ran (0% = a quiet machine; more makes every number noisier)", "",
       "Command: `" + " ".join(["python -m benchmarks.throughput", *sys.argv[1:]]) + "`", "",
+      f"CPU kernels of distloop and the bare loops: "
+      f"{ {'onednn': 'oneDNN', 'eigen': 'Eigen'}[_CPU_KERNELS.value]} "
+      f"(TF_ENABLE_ONEDNN_OPTS={_onednn_env(_CPU_KERNELS.value)}).", "",
       f"Every number is the median of {repeats} fresh process(es); distloop, fit and bare "
       f"alternate. Synthetic data, the {_model_name()}, Adam(1e-3), "
       f"{_STEPS_PER_LOOP.value} steps per loop.", "",

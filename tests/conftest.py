@@ -1,5 +1,6 @@
 """Says in pytest's summary when multi-process tests were skipped, and why: without a
 private network namespace they would run TensorFlow's gRPC servers on 0.0.0.0."""
+import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
 from tests.processes import LOOPBACK_SKIP
 
 

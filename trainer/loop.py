@@ -197,9 +197,9 @@ class Trainer:
       self.summaries.sample_images(0, self._probe[0].numpy())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
-    logging.info("Training %s on %s with %d replica(s) (%s) from step %d to %d.",
+    logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels) from step %d to %d.",
                  config.model.name, config.data.name, self.strategy.num_replicas_in_sync,
-                 config.runtime.strategy, position.step, total)
+                 config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
 
     throughput = _Throughput()
     train_metrics, eval_metrics = {}, None

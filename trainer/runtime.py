@@ -127,6 +127,12 @@ def has_accelerator(strategy: tf.distribute.Strategy) -> bool:
           or bool(tf.config.list_logical_devices("GPU")))
 
 
+def cpu_kernels() -> str:
+  """Which CPU kernels this process runs: "oneDNN" or "Eigen" (see trainer/__init__.py)."""
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+  return "oneDNN" if _pywrap_util_port.IsMklEnabled() else "Eigen"
+
+
 def jit_compile(runtime_config: ml_collections.ConfigDict,
                 strategy: tf.distribute.Strategy) -> bool:
   """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:

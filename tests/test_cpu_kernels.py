@@ -1,0 +1,36 @@
+"""distloop turns on oneDNN's CPU kernels on x86-64 (2x-4x the seed CNN's step on an AVX2
+CPU, where TensorFlow leaves them off) and leaves the choice to TF_ENABLE_ONEDNN_OPTS when
+the user set it."""
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from tests import cli
+
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                                reason="distloop picks oneDNN on x86-64 only")
+
+
+def _kernels_of_a_short_run(model_dir, onednn_setting: str | None) -> str:
+  env = {k: v for k, v in cli.user_environment().items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+  if onednn_setting is not None:
+    env["TF_ENABLE_ONEDNN_OPTS"] = onednn_setting
+  completed = subprocess.run(
+      [sys.executable, "-m", "trainer", "--config=synthetic", f"--model_dir={model_dir}",
+       "--config.train.steps=10", "--config.train.steps_per_loop=5",
+       "--config.checkpoint.interval=10", "--mode=train"],
+      capture_output=True, text=True, timeout=300, cwd=cli.REPO, env=env)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  start = next(line for line in completed.stderr.splitlines() if "Training mnist_cnn" in line)
+  return "oneDNN" if "oneDNN CPU kernels" in start else "Eigen" if "Eigen CPU kernels" in start \
+      else start
+
+
+def test_onednn_is_on_by_default(tmp_path):
+  assert _kernels_of_a_short_run(tmp_path / "default", None) == "oneDNN"
+
+
+def test_the_users_setting_wins(tmp_path):
+  assert _kernels_of_a_short_run(tmp_path / "off", "0") == "Eigen"
