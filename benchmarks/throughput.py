@@ -468,7 +468,8 @@ _NOTES = """## What differs between the three
   its TensorBoard scalars in one compiled call per loop, all inside its timed
   window; fit (verbose=0, no callbacks) and bare do nothing between steps.
 - Data: distloop gathers each batch from uint8 arrays by a stateless permutation
-  of every position (exact resume) and scales it to [0, 1] in the step; fit and
+  of every position (exact resume) and scales it to [0, 1] (in tf.data on a CPU,
+  in the step on an accelerator); fit and
   bare read float32 arrays through `shuffle(10000).repeat().batch().prefetch()`.
   Both pipelines deliver far more than training consumes (the pipeline table).
 - Timing: distloop's window is one process's wall clock between its first and last

@@ -19,6 +19,11 @@ _COMMON = ["--config=synthetic", "--config.train.steps=30", "--config.train.glob
            "--config.train.steps_per_loop=10", "--config.runtime.strategy=mirrored",
            "--config.runtime.deterministic=true"]
 _OPTIMIZERS = {  # name: (flags, tolerance)
+    # Adam moves every weight by about the rate whatever the size of its gradient, so a
+    # weight whose gradient is ~0 (a unit that hardly fires) moves by ~the rate in the
+    # direction of its rounding error, which depends on the replica count (oneDNN sums a
+    # batch in an order that depends on its size): a handful of such weights may differ
+    # by up to the rate. A reduction missing or applied per replica moves all of them.
     "adam": (["--config.train.optimizer=adam", "--config.train.learning_rate=0.01"], 1e-4),
     # Small rates: summation order differs with the replica count (rounding, ~1e-8 per
     # step), and a large rate amplifies it along the trajectory; a gradient counted twice
@@ -66,9 +71,14 @@ def weights(tmp_path_factory):
 def test_same_weights_as_one_replica(weights, optimizer, replicas):
   one, many = weights(optimizer, 1), weights(optimizer, replicas)
   assert one.keys() == many.keys() and len(one) == 6
+  tolerance = _OPTIMIZERS[optimizer][1]
   for key in one:
-    np.testing.assert_allclose(many[key], one[key], atol=_OPTIMIZERS[optimizer][1], rtol=0,
-                               err_msg=key)
+    if optimizer == "adam":  # see _OPTIMIZERS: at most 1 in 10,000 weights off by <= the rate
+      off = np.abs(many[key] - one[key]) > tolerance
+      assert off.mean() <= 1e-4, f"{key}: {off.sum()} of {off.size} weights differ"
+      np.testing.assert_allclose(many[key], one[key], atol=0.01, rtol=0, err_msg=key)
+    else:
+      np.testing.assert_allclose(many[key], one[key], atol=tolerance, rtol=0, err_msg=key)
 
 
 @pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
