@@ -88,11 +88,53 @@ def apply_reduced_gradients(strategy: tf.distribute.Strategy,
   tf.cond(finite, apply, skip)
 
 
+def _fused_step(optimizer: keras.optimizers.Optimizer):
+  """`step(grad, variable, learning_rate)`: Keras's `update_step` for this optimizer as one
+  fused TensorFlow kernel per variable (ResourceApplyAdam, ...KerasMomentum,
+  ...GradientDescent: the same formulas), or None where there is none.
+
+  Keras's update is about a dozen elementwise ops per variable, each a pass over it;
+  the fused kernel is one. Measured on a 2-core CPU (oneDNN): 5-9% of the seed CNN's
+  step. Used where XLA does not compile the update (it fuses them itself).
+  """
+  if type(optimizer) is keras.optimizers.Adam and not optimizer.amsgrad:
+    def adam(grad, variable, learning_rate):
+      index = optimizer._get_variable_index(variable)  # pylint: disable=protected-access
+      dtype = variable.dtype
+      step = tf.cast(optimizer.iterations + 1, dtype)
+      beta_1, beta_2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
+      tf.raw_ops.ResourceApplyAdam(
+          var=variable.value.handle,
+          m=optimizer._momentums[index].value.handle,  # pylint: disable=protected-access
+          v=optimizer._velocities[index].value.handle,  # pylint: disable=protected-access
+          beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
+          lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
+          epsilon=tf.cast(optimizer.epsilon, dtype), grad=tf.cast(grad, dtype))
+    return adam
+  if type(optimizer) is keras.optimizers.SGD and not optimizer.nesterov:
+    def sgd(grad, variable, learning_rate):
+      dtype = variable.dtype
+      if optimizer.momentum == 0:
+        tf.raw_ops.ResourceApplyGradientDescent(
+            var=variable.value.handle, alpha=tf.cast(learning_rate, dtype),
+            delta=tf.cast(grad, dtype))
+        return
+      momentum = optimizer.momentums[optimizer._get_variable_index(variable)]  # pylint: disable=protected-access
+      tf.raw_ops.ResourceApplyKerasMomentum(
+          var=variable.value.handle, accum=momentum.value.handle,
+          lr=tf.cast(learning_rate, dtype), grad=tf.cast(grad, dtype),
+          momentum=tf.cast(optimizer.momentum, dtype), use_nesterov=False)
+    return sgd
+  return None
+
+
 def _update(strategy, optimizer, grads, variables, jit_compile: bool) -> None:
+  step = (None if jit_compile else _fused_step(optimizer)) or optimizer.update_step
+
   def update_all(*device_grads):
     learning_rate = optimizer.learning_rate
     for grad, variable in zip(device_grads, variables):
-      optimizer.update_step(grad, variable, learning_rate)
+      step(grad, variable, learning_rate)
     optimizer.iterations.assign_add(1)
 
   def on_device(unused_first_variable, *device_grads):
