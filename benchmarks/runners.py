@@ -27,9 +27,9 @@ Why fresh processes: TensorFlow keeps thread pools, caches and allocator state
 for the life of a process, and cannot host two strategies of different sizes in
 one; each measurement starts where a user's job starts.
 
-CPU kernels: TensorFlow's own default here (oneDNN only on CPUs with AVX-512
-VNNI/BF16 or AMX) unless TF_ENABLE_ONEDNN_OPTS says otherwise; throughput.py
-sets it for every child, and RESULT names the kernels that ran.
+CPU kernels: as TF_ENABLE_ONEDNN_OPTS says (throughput.py sets it for every
+child), else distloop's default (trainer/__init__.py); RESULT names the kernels
+that ran.
 
 What is timed: the steady rate, as distloop's loop-boundary timestamps measure it.
 fit: after a warm-up call (tracing, compilation), one call of S steps, timed from
@@ -252,12 +252,6 @@ def _device() -> str:
   return "CPU"
 
 
-def _cpu_kernels() -> str:
-  """oneDNN or Eigen: TF_ENABLE_ONEDNN_OPTS as this process started (throughput.py sets it)."""
-  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
-  return "oneDNN" if _pywrap_util_port.IsMklEnabled() else "Eigen"
-
-
 def _one_line(error: Exception) -> str:
   """The gist of a (often multi-page) TensorFlow error."""
   text = re.sub(r" \(defined @ [^)]*\)", "", str(error))  # source paths of the variable
@@ -273,10 +267,11 @@ def _one_line(error: Exception) -> str:
 def main(argv):
   del argv
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
+  from trainer import runtime  # pylint: disable=g-import-not-at-top  (picks the CPU kernels first)
   try:
     runners = {"fit": _fit, "bare": _bare, "bare_xla": lambda: _bare(jit_compile=True),
                "pipeline": _pipeline}
-    result = {**runners[_RUNNER.value](), "device": _device(), "cpu_kernels": _cpu_kernels()}
+    result = {**runners[_RUNNER.value](), "device": _device(), "cpu_kernels": runtime.cpu_kernels()}
   except Exception as e:  # pylint: disable=broad-except
     print("ERROR " + _one_line(e), flush=True)
     raise

@@ -57,7 +57,7 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
 def apply_reduced_gradients(strategy: tf.distribute.Strategy,
                             optimizer: keras.optimizers.Optimizer,
                             reduced_grads, variables, loss_scale=None, finite=None,
-                            jit_compile: bool = False) -> None:
+                            jit_compile: bool = False, fused_kernels: bool = True) -> None:
   """One optimizer step from gradients already summed over replicas.
 
   Runs in cross-replica context (inside `ReplicaContext.merge_call`), so no
@@ -69,15 +69,15 @@ def apply_reduced_gradients(strategy: tf.distribute.Strategy,
   With a `loss_scale` (float16) the gradients arrive unscaled with their
   `finite` verdict: a step whose reduced gradients overflowed is skipped -- on
   every replica alike, since they all saw the same reduced gradients -- and the
-  scale shrinks.
+  scale shrinks. `fused_kernels`: see _fused_step (off where XLA compiles the step).
   """
   if loss_scale is None:
-    _update(strategy, optimizer, reduced_grads, variables, jit_compile)
+    _update(strategy, optimizer, reduced_grads, variables, jit_compile, fused_kernels)
     return
   finite = strategy.experimental_local_results(finite)[0]  # equal on every replica
 
   def apply():
-    _update(strategy, optimizer, reduced_grads, variables, jit_compile)
+    _update(strategy, optimizer, reduced_grads, variables, jit_compile, fused_kernels)
     loss_scale.after_finite_step()
     return tf.constant(True)
 
@@ -135,8 +135,9 @@ def _fused_step(optimizer: keras.optimizers.Optimizer):
 _FUSED_MIN_ELEMENTS = 1 << 14
 
 
-def _update(strategy, optimizer, grads, variables, jit_compile: bool) -> None:
-  fused = None if jit_compile else _fused_step(optimizer)
+def _update(strategy, optimizer, grads, variables, jit_compile: bool,
+            fused_kernels: bool = True) -> None:
+  fused = _fused_step(optimizer) if fused_kernels and not jit_compile else None
   steps = [fused if fused and variable.shape.num_elements() >= _FUSED_MIN_ELEMENTS
            else optimizer.update_step for variable in variables]
 

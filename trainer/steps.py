@@ -120,7 +120,7 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
     context.merge_call(
         lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
             strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_,
-            jit_compile=compile_pieces),
+            jit_compile=compile_pieces, fused_kernels=not jit_compile),
         args=(reduced, finite))
     return running + totals.of_batch(per_example_loss, outputs, labels, norm,
                                      may_overflow=loss_scale is not None)
