@@ -6,6 +6,11 @@ keyed by Keras variable path, readable by plain orbax without distloop) and
 directory and renames it only when complete, so a crash mid-save leaves the
 previous step as the latest.
 
+An async save copies the state to host memory and hands the rest to one writer
+thread of lower CPU priority (orbax's own async save blocked training ~20 ms per
+save starting a dozen threads, and its writing competed with training for the
+cores; at a lower priority it takes the cycles training leaves idle).
+
 Only the chief constructs a writing manager (several writers would destroy each
 other's temporaries); every process may restore. Restores are shape-checked
 against the live model first: orbax silently ignores a wrong target shape, and
@@ -15,8 +20,11 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off accelerators
 
+import concurrent.futures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import sys  # pylint: disable=wrong-import-position
+import threading  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
@@ -27,6 +35,8 @@ from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
 _TEMPORARY = ".orbax-checkpoint-tmp"
+# How much nicer than training the writer thread (and the threads it starts) runs.
+WRITER_NICENESS = 10
 
 
 class CorruptCheckpoint(Exception):
@@ -122,7 +132,7 @@ class Checkpoints:
           best_fn=(lambda metrics: metrics[best_metric]) if best_metric else None,
           best_mode=best_mode,
           keep_checkpoints_without_metrics=not best_metric,
-          enable_async_checkpointing=async_save,
+          enable_async_checkpointing=False,  # the writer thread is what runs in the background
           create=False)
     else:  # retention and saving options do not apply (orbax warns if they are set)
       options = ocp.CheckpointManagerOptions(
@@ -130,19 +140,30 @@ class Checkpoints:
           cleanup_tmp_directories=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_item_handlers())
+    self._writer_thread = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="checkpoint_writer",
+        initializer=_lower_priority) if writer and async_save else None
+    self._in_flight = None  # the writer thread's Future of the save under way
     self._pending = None  # (step, bytes) of the save in flight: what a failure names
     self._failed = False
 
+  def _settled(self) -> ocp.CheckpointManager:
+    """orbax's manager once the writer thread is done with it (it is not thread-safe).
+    A failure stays for wait() to report."""
+    if self._in_flight is not None:
+      concurrent.futures.wait([self._in_flight])
+    return self._manager
+
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    return self._settled().latest_step()
 
   def all_steps(self) -> list[int]:
-    return sorted(self._manager.all_steps())
+    return sorted(self._settled().all_steps())
 
   def reload(self) -> None:
     """Re-reads the committed steps from disk: orbax caches its list, so a reader of
     a live job's checkpoints (continuous_eval) calls this to see new and deleted steps."""
-    self._manager.reload()
+    self._settled().reload()
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
            metrics: dict | None = None) -> float:
@@ -156,16 +177,25 @@ class Checkpoints:
     start = time.perf_counter()
     self.wait()  # a failed earlier save is reported as itself, not as this one
     self._pending = (step, _nbytes(model_tree) + _nbytes(optimizer_tree))
-    with self._storage_failures():
-      os.makedirs(self.directory, exist_ok=True)
-      # A keep-best manager ranks steps by metric, not by age: after a rollback it must
-      # still take a step older than its newest one (orbax skips those unless forced).
-      self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
-                         args=ocp.args.Composite(
-          model=ocp.args.StandardSave(model_tree),
-          optimizer=ocp.args.StandardSave(optimizer_tree),
-          meta=ocp.args.JsonSave(meta)))
+    if self._writer_thread is not None:
+      self._in_flight = self._writer_thread.submit(self._write, step, model_tree,
+                                                   optimizer_tree, meta, metrics)
+    else:
+      with self._storage_failures():
+        self._write(step, model_tree, optimizer_tree, meta, metrics)
     return time.perf_counter() - start
+
+  def _write(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
+             metrics: dict | None) -> None:
+    """The whole orbax save, committed when it returns (on the writer thread if async)."""
+    os.makedirs(self.directory, exist_ok=True)
+    # A keep-best manager ranks steps by metric, not by age: after a rollback it must
+    # still take a step older than its newest one (orbax skips those unless forced).
+    self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
+                       args=ocp.args.Composite(
+        model=ocp.args.StandardSave(model_tree),
+        optimizer=ocp.args.StandardSave(optimizer_tree),
+        meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None):
     """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
@@ -177,7 +207,7 @@ class Checkpoints:
     if optimizer_target is not None:
       targets["optimizer"] = optimizer_target
     try:
-      metadata = self._manager.item_metadata(step)
+      metadata = self._settled().item_metadata(step)
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
                        getattr(metadata[item], "tree", metadata[item]), target)
@@ -199,6 +229,7 @@ class Checkpoints:
     destination = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt",
                                f"{step}.{time.strftime('%Y%m%dT%H%M%S')}")
     os.makedirs(os.path.dirname(destination), exist_ok=True)
+    self._settled()
     shutil.move(os.path.join(self.directory, str(step)), destination)
     self._manager.reload()
     return destination
@@ -208,8 +239,10 @@ class Checkpoints:
     A save that failed for lack of space or permission raises StorageError, once."""
     if self._failed:
       return
+    in_flight, self._in_flight = self._in_flight, None
     with self._storage_failures():
-      self._manager.wait_until_finished()
+      if in_flight is not None:
+        in_flight.result()  # re-raises what the writer thread raised
     self._pending = None
 
   @contextlib.contextmanager
@@ -229,10 +262,25 @@ class Checkpoints:
 
   def close(self) -> None:
     try:
+      self._settled()
+      if self._writer_thread is not None:
+        self._writer_thread.shutdown()
       self._manager.close()
     except Exception:  # pylint: disable=broad-except
       if not self._failed:  # a failed save was already reported
         raise
+
+
+def _lower_priority() -> None:
+  """Makes the calling thread, and the threads it starts, WRITER_NICENESS nicer (Linux:
+  niceness is per thread and inherited). Elsewhere the writer runs at training's priority."""
+  if not sys.platform.startswith("linux"):  # elsewhere a thread id is no PRIO_PROCESS target
+    return
+  try:
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                   os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + WRITER_NICENESS)
+  except (AttributeError, OSError):
+    pass
 
 
 def remove_temporaries(directory: str) -> list[str]:
