@@ -154,6 +154,8 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
   return {"examples_per_sec": (last_step - first_step) * batch / (last_time - first_time),
           "summary_examples_per_sec": summary["examples_per_sec"],
           "checkpoint_time_sec": summary["checkpoint_time_sec"],
+          "loop_seconds": {step: now - then for (_, then), (step, now)
+                           in zip(boundaries, boundaries[1:])},
           "peak_rss_mb": peak_rss_mb}
 
 
@@ -423,6 +425,11 @@ def _checkpoint_section(cost: dict) -> list[str]:
   blocked = _median(cost["with"], "checkpoint_time_sec")
   timed_examples = (steps - _STEPS_PER_LOOP.value) * cost["batch"]  # the first loop is untimed
   seconds_lost = timed_examples * (1 / with_saves - 1 / without)
+  # Runs are taken in with/without pairs, back to back: their ratio cancels much of the
+  # machine's drift between processes.
+  paired = statistics.median(a["examples_per_sec"] / b["examples_per_sec"]
+                             for a, b in zip(cost["with"], cost["without"]))
+  within_run = _extra_seconds_per_save(cost["with"], interval, steps)
   return ["## Async checkpoint every "
           f"{interval} steps", "",
           f"distloop, batch {cost['batch']}, {cost['replicas']} replica(s), {steps} steps, "
@@ -432,10 +439,31 @@ def _checkpoint_section(cost: dict) -> list[str]:
           f"| {steps} (at the end only) | {_spread(cost['without'])} | "
           f"{_median(cost['without'], 'checkpoint_time_sec'):.2f} s |",
           f"| {interval} | {_spread(cost['with'])} | {blocked:.2f} s |", "",
-          f"Cost: **{1 - with_saves / without:.1%}** of throughput, about "
+          f"Cost: **{1 - with_saves / without:.1%}** of throughput ({1 - paired:.1%} in the "
+          "median of the paired, back-to-back runs), about "
           f"{seconds_lost / saves * 1000:.0f} ms per save over the {saves} save(s) inside the "
-          "timed window (blocking host copy plus the background write competing for the "
-          "cores).", ""]
+          "timed window (the host copy blocks training; the writer thread's work competes "
+          "with it for the cores)." + (
+              f" Within each run, the loops after a save took {within_run * 1000:.0f} ms "
+              "longer per save than the loop that ends at the next save (the median over "
+              "saves and runs: no drift between processes in it)." if within_run else ""), ""]
+
+
+def _extra_seconds_per_save(runs: list[dict], interval: int, steps: int) -> float | None:
+  """Median over saves of the time the loops after a save took beyond the loop that ends
+  at the next save, the one furthest from it. None when an interval holds one loop."""
+  loops_per_interval = interval // _STEPS_PER_LOOP.value
+  if interval % _STEPS_PER_LOOP.value or loops_per_interval < 2:
+    return None
+  extras = []
+  for run in runs:
+    seconds = {int(step): value for step, value in run["loop_seconds"].items()}
+    for save in range(interval, steps - interval + 1, interval):
+      after = [seconds.get(save + i * _STEPS_PER_LOOP.value) for i in range(1, loops_per_interval)]
+      baseline = seconds.get(save + interval)
+      if baseline is not None and None not in after:
+        extras.append(sum(after) - len(after) * baseline)
+  return statistics.median(extras) if extras else None
 
 
 def _memory_section(training: dict) -> list[str]:

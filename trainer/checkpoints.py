@@ -8,8 +8,9 @@ previous step as the latest.
 
 An async save copies the state to host memory and hands the rest to one writer
 thread of lower CPU priority (orbax's own async save blocked training ~20 ms per
-save starting a dozen threads, and its writing competed with training for the
-cores; at a lower priority it takes the cycles training leaves idle).
+save starting a dozen threads). Where training leaves cores idle (a GPU job's host)
+the write is then free; where training fills them, its ~70 ms of CPU per save is
+what a save costs (docs/performance.md).
 
 Only the chief constructs a writing manager (several writers would destroy each
 other's temporaries); every process may restore. Restores are shape-checked
