@@ -457,7 +457,7 @@ def _extra_seconds_per_save(runs: list[dict], interval: int, steps: int) -> floa
     return None
   extras = []
   for run in runs:
-    seconds = {int(step): value for step, value in run["loop_seconds"].items()}
+    seconds = run["loop_seconds"]
     for save in range(interval, steps - interval + 1, interval):
       after = [seconds.get(save + i * _STEPS_PER_LOOP.value) for i in range(1, loops_per_interval)]
       baseline = seconds.get(save + interval)

@@ -1,13 +1,11 @@
-"""An async checkpoint is written by one lower-priority writer thread, off the training thread.
+"""An async checkpoint is written by one writer thread, off the training thread.
 
-What training relies on: save() returns once the state is copied, however slow the
-disk; the step list it reads afterwards includes that step; the write runs nicer than
-training (so on a busy CPU it takes the cycles training leaves); a write that fails in
-the background is reported, once, as the one-line storage error naming its step.
+What training relies on: save() returns at once, however slow the disk; the step list
+it reads afterwards includes that step; a write that fails in the background is
+reported, once, as the one-line storage error naming its step.
 """
 import errno
 import os
-import sys
 import threading
 import time
 
@@ -32,19 +30,12 @@ def _manager(tmp_path):
 
 @pytest.fixture
 def gated_orbax(monkeypatch):
-  """orbax's save waits for `gate`; `seen` records the thread and niceness it ran on."""
+  """orbax's save waits for `gate`; `seen` records the thread it ran on."""
   gate, seen = threading.Event(), {}
   real_save = ocp.CheckpointManager.save
 
   def save(self, *args, **kwargs):
     seen["thread"] = threading.current_thread().name
-    seen["niceness"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    started = []
-    child = threading.Thread(target=lambda: started.append(
-        os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-    child.start()
-    child.join()
-    seen["child_niceness"] = started[0]
     assert gate.wait(timeout=60)
     return real_save(self, *args, **kwargs)
 
@@ -57,10 +48,8 @@ def test_save_returns_while_the_write_is_still_under_way(tmp_path, gated_orbax):
   manager = _manager(tmp_path)
   try:
     start = time.perf_counter()
-    blocked = manager.save(10, *_state(10))
-    returned_after = time.perf_counter() - start
-    assert not gate.is_set() and returned_after < 5 and blocked == pytest.approx(
-        returned_after, abs=0.5)
+    manager.save(10, *_state(10))
+    assert not gate.is_set() and time.perf_counter() - start < 5
     assert not os.path.exists(tmp_path / "checkpoints" / "10")  # still being written
     threading.Timer(0.5, gate.set).start()
     assert manager.latest_step() == 10  # waits for the writer, then sees its step
@@ -73,22 +62,6 @@ def test_save_returns_while_the_write_is_still_under_way(tmp_path, gated_orbax):
   finally:
     gate.set()
     manager.close()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-def test_the_writer_and_the_threads_it_starts_run_nicer_than_training(tmp_path, gated_orbax):
-  gate, seen = gated_orbax
-  gate.set()
-  training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-  manager = _manager(tmp_path)
-  try:
-    manager.save(10, *_state(10))
-    manager.wait()
-  finally:
-    manager.close()
-  expected = min(19, training + checkpoints.WRITER_NICENESS)
-  assert seen["niceness"] == expected and seen["child_niceness"] == expected
-  assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == training
 
 
 def test_a_failed_background_write_is_reported_once_by_wait(tmp_path, monkeypatch):

@@ -6,11 +6,11 @@ keyed by Keras variable path, readable by plain orbax without distloop) and
 directory and renames it only when complete, so a crash mid-save leaves the
 previous step as the latest.
 
-An async save copies the state to host memory and hands the rest to one writer
-thread of lower CPU priority (orbax's own async save blocked training ~20 ms per
-save starting a dozen threads). Where training leaves cores idle (a GPU job's host)
-the write is then free; where training fills them, its ~70 ms of CPU per save is
-what a save costs (docs/performance.md).
+An async save hands the host copy of the state to one writer thread that runs
+orbax's save (orbax's own async save blocked the caller ~20 ms per save, starting a
+dozen threads; this blocks ~0.1 ms). Where training leaves cores idle (a GPU job's
+host) the write is then free; where training fills them, its ~70 ms of CPU per save
+is what a save costs (docs/performance.md).
 
 Only the chief constructs a writing manager (several writers would destroy each
 other's temporaries); every process may restore. Restores are shape-checked
@@ -24,8 +24,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off 
 import concurrent.futures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
-import sys  # pylint: disable=wrong-import-position
-import threading  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
@@ -36,8 +34,6 @@ from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
 _TEMPORARY = ".orbax-checkpoint-tmp"
-# How much nicer than training the writer thread (and the threads it starts) runs.
-WRITER_NICENESS = 10
 
 
 class CorruptCheckpoint(Exception):
@@ -142,8 +138,7 @@ class Checkpoints:
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_item_handlers())
     self._writer_thread = concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="checkpoint_writer",
-        initializer=_lower_priority) if writer and async_save else None
+        max_workers=1, thread_name_prefix="checkpoint_writer") if writer and async_save else None
     self._in_flight = None  # the writer thread's Future of the save under way
     self._pending = None  # (step, bytes) of the save in flight: what a failure names
     self._failed = False
@@ -167,15 +162,14 @@ class Checkpoints:
     self._settled().reload()
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
-           metrics: dict | None = None) -> float:
-    """Starts saving `step`; returns the seconds training was blocked.
+           metrics: dict | None = None) -> None:
+    """Starts saving `step` (with async_save, on the writer thread: wait() for it).
 
     A step already here is kept as it is: orbax never writes a step twice (it
     raises StepAlreadyExistsError when asked to).
     """
     if not self._writer or step in self.all_steps():
-      return 0.0
-    start = time.perf_counter()
+      return
     self.wait()  # a failed earlier save is reported as itself, not as this one
     self._pending = (step, _nbytes(model_tree) + _nbytes(optimizer_tree))
     if self._writer_thread is not None:
@@ -184,7 +178,6 @@ class Checkpoints:
     else:
       with self._storage_failures():
         self._write(step, model_tree, optimizer_tree, meta, metrics)
-    return time.perf_counter() - start
 
   def _write(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
              metrics: dict | None) -> None:
@@ -263,25 +256,12 @@ class Checkpoints:
 
   def close(self) -> None:
     try:
-      self._settled()
       if self._writer_thread is not None:
-        self._writer_thread.shutdown()
+        self._writer_thread.shutdown()  # after the save in flight
       self._manager.close()
     except Exception:  # pylint: disable=broad-except
       if not self._failed:  # a failed save was already reported
         raise
-
-
-def _lower_priority() -> None:
-  """Makes the calling thread, and the threads it starts, WRITER_NICENESS nicer (Linux:
-  niceness is per thread and inherited). Elsewhere the writer runs at training's priority."""
-  if not sys.platform.startswith("linux"):  # elsewhere a thread id is no PRIO_PROCESS target
-    return
-  try:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                   os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + WRITER_NICENESS)
-  except (AttributeError, OSError):
-    pass
 
 
 def remove_temporaries(directory: str) -> list[str]:

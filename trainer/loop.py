@@ -306,10 +306,13 @@ class Trainer:
     return result
 
   def save(self, position: Position) -> None:
-    """Starts an async checkpoint of `position` (once per step); refuses non-finite state."""
+    """Starts an async checkpoint of `position` (once per step); refuses non-finite state.
+    Training is blocked for the previous save still in flight, the host copy and the hand-off."""
+    start = time.perf_counter()
     if self.checkpoints.latest_step() == position.step:
       return
-    blocked = self.checkpoints.save(position.step, *self._snapshot(position))
+    self.checkpoints.save(position.step, *self._snapshot(position))
+    blocked = time.perf_counter() - start
     self._save_timer.restart()
     self._checkpoint_seconds += blocked
     if self.is_chief:
