@@ -24,6 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off 
 import concurrent.futures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
@@ -34,6 +35,42 @@ from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
 _TEMPORARY = ".orbax-checkpoint-tmp"
+
+
+def _is_late_wakeup_of_a_closed_loop(unraisable) -> bool:
+  """True for tensorstore waking an asyncio loop that orbax already closed.
+
+  When one write of a save fails (a full disk), orbax's event loop ends with that
+  error while tensorstore's other writes are still in flight; as each finishes,
+  tensorstore calls `loop.call_soon_threadsafe` on the closed loop and reports the
+  RuntimeError as unraisable, printing a traceback per write. The failure itself
+  is reported as one line; these wake-ups carry nothing.
+  """
+  error = unraisable.exc_value
+  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
+    return False
+  frames = [frame.f_code.co_name for frame, _ in _walk(unraisable.exc_traceback)]
+  return "call_soon_threadsafe" in frames
+
+
+def _walk(traceback_):
+  while traceback_ is not None:
+    yield traceback_.tb_frame, traceback_.tb_lineno
+    traceback_ = traceback_.tb_next
+
+
+def _quiet_late_wakeups() -> None:
+  """Drops only those wake-ups from sys.unraisablehook; everything else still prints."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_late_wakeups", False):
+    return
+
+  def hook(unraisable):
+    if not _is_late_wakeup_of_a_closed_loop(unraisable):
+      previous(unraisable)
+  hook.drops_late_wakeups = True
+  hook.__wrapped__ = previous
+  sys.unraisablehook = hook
 
 
 class CorruptCheckpoint(Exception):
@@ -123,6 +160,7 @@ class Checkpoints:
     self._writer = writer
     self._best_metric = best_metric
     if writer:
+      _quiet_late_wakeups()
       options = ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep,
           keep_period=keep_period or None,
