@@ -26,6 +26,7 @@ import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
+import traceback  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
@@ -49,14 +50,8 @@ def _is_late_wakeup_of_a_closed_loop(unraisable) -> bool:
   error = unraisable.exc_value
   if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
     return False
-  frames = [frame.f_code.co_name for frame, _ in _walk(unraisable.exc_traceback)]
-  return "call_soon_threadsafe" in frames
-
-
-def _walk(traceback_):
-  while traceback_ is not None:
-    yield traceback_.tb_frame, traceback_.tb_lineno
-    traceback_ = traceback_.tb_next
+  frames = traceback.walk_tb(unraisable.exc_traceback)
+  return any(frame.f_code.co_name == "call_soon_threadsafe" for frame, _ in frames)
 
 
 def _quiet_late_wakeups() -> None:
