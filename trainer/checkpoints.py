@@ -24,48 +24,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX: keep it off 
 import concurrent.futures  # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
-import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
-import traceback  # pylint: disable=wrong-import-position
 
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer import storage  # pylint: disable=wrong-import-position
+from trainer import write_echoes  # pylint: disable=wrong-import-position
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
 _TEMPORARY = ".orbax-checkpoint-tmp"
-
-
-def _is_late_wakeup_of_a_closed_loop(unraisable) -> bool:
-  """True for tensorstore waking an asyncio loop that orbax already closed.
-
-  When one write of a save fails (a full disk), orbax's event loop ends with that
-  error while tensorstore's other writes are still in flight; as each finishes,
-  tensorstore calls `loop.call_soon_threadsafe` on the closed loop and reports the
-  RuntimeError as unraisable, printing a traceback per write. The failure itself
-  is reported as one line; these wake-ups carry nothing.
-  """
-  error = unraisable.exc_value
-  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
-    return False
-  frames = traceback.walk_tb(unraisable.exc_traceback)
-  return any(frame.f_code.co_name == "call_soon_threadsafe" for frame, _ in frames)
-
-
-def _quiet_late_wakeups() -> None:
-  """Drops only those wake-ups from sys.unraisablehook; everything else still prints."""
-  previous = sys.unraisablehook
-  if getattr(previous, "drops_late_wakeups", False):
-    return
-
-  def hook(unraisable):
-    if not _is_late_wakeup_of_a_closed_loop(unraisable):
-      previous(unraisable)
-  hook.drops_late_wakeups = True
-  hook.__wrapped__ = previous
-  sys.unraisablehook = hook
 
 
 class CorruptCheckpoint(Exception):
@@ -155,7 +124,7 @@ class Checkpoints:
     self._writer = writer
     self._best_metric = best_metric
     if writer:
-      _quiet_late_wakeups()
+      write_echoes.quiet()  # a failed write is one line, not a traceback per write
       options = ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep,
           keep_period=keep_period or None,

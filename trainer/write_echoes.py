@@ -1,0 +1,53 @@
+"""Keeps a failed checkpoint write to its one line on stderr.
+
+orbax writes a step as many tensorstore writes awaited on a private asyncio loop.
+When one fails (a full disk), orbax raises that error and closes the loop while the
+others are still under way, and each of them echoes the same failure later, from
+threads and finalizers we do not call:
+
+- asyncio logs "Task exception was never retrieved" (or "Future ...") with the
+  write's own ENOSPC traceback when the abandoned task is collected;
+- tensorstore, finishing a write, wakes the closed loop with
+  `loop.call_soon_threadsafe` and reports the RuntimeError as unraisable.
+
+The failure itself reaches the CLI as one StorageError line (trainer/storage.py).
+`quiet()` drops exactly these echoes; any other unraisable error or asyncio log
+record, including a never-retrieved error that is not a storage failure, still prints.
+"""
+import logging
+import sys
+import traceback
+
+from trainer import storage
+
+
+def quiet() -> None:
+  """Installs both filters once per process (idempotent)."""
+  if not getattr(sys.unraisablehook, "drops_late_wakeups", False):
+    sys.unraisablehook = _without_late_wakeups(sys.unraisablehook)
+  asyncio_logger = logging.getLogger("asyncio")
+  if _drop_abandoned_storage_failures not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_drop_abandoned_storage_failures)
+
+
+def _without_late_wakeups(previous):
+  def hook(unraisable):
+    if not is_late_wakeup_of_a_closed_loop(unraisable.exc_value, unraisable.exc_traceback):
+      previous(unraisable)
+  hook.drops_late_wakeups = True
+  hook.__wrapped__ = previous
+  return hook
+
+
+def is_late_wakeup_of_a_closed_loop(error: BaseException | None, trace) -> bool:
+  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
+    return False
+  return any(frame.f_code.co_name == "call_soon_threadsafe"
+             for frame, _ in traceback.walk_tb(trace))
+
+
+def _drop_abandoned_storage_failures(record: logging.LogRecord) -> bool:
+  """False (drop) for asyncio's 'exception was never retrieved' of a storage failure."""
+  error = record.exc_info[1] if record.exc_info else None
+  abandoned = "exception was never retrieved" in record.getMessage()
+  return not (abandoned and error is not None and storage.reason(error) is not None)
