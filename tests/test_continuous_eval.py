@@ -23,7 +23,7 @@ _SAVED = list(range(50, _STEPS + 1, 50))
 # Retention keeps every step: what the sidecar sees then does not depend on how fast the
 # job runs beside it (retention deleting steps under it: the fake-trainer tests below).
 _JOB = ("--config=synthetic", f"--config.train.steps={_STEPS}", "--config.checkpoint.interval=50",
-        f"--config.checkpoint.max_to_keep={len(_SAVED) + 2}", "--config.eval.poll_seconds=1")
+        f"--config.checkpoint.max_to_keep={len(_SAVED)}", "--config.eval.poll_seconds=1")
 
 
 @pytest.fixture(scope="module")

@@ -32,14 +32,14 @@ def quiet() -> None:
 
 def _without_late_wakeups(previous):
   def hook(unraisable):
-    if not is_late_wakeup_of_a_closed_loop(unraisable.exc_value, unraisable.exc_traceback):
+    if not _is_late_wakeup_of_a_closed_loop(unraisable.exc_value, unraisable.exc_traceback):
       previous(unraisable)
   hook.drops_late_wakeups = True
   hook.__wrapped__ = previous
   return hook
 
 
-def is_late_wakeup_of_a_closed_loop(error: BaseException | None, trace) -> bool:
+def _is_late_wakeup_of_a_closed_loop(error: BaseException | None, trace) -> bool:
   if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
     return False
   return any(frame.f_code.co_name == "call_soon_threadsafe"
@@ -50,4 +50,4 @@ def _drop_abandoned_storage_failures(record: logging.LogRecord) -> bool:
   """False (drop) for asyncio's 'exception was never retrieved' of a storage failure."""
   error = record.exc_info[1] if record.exc_info else None
   abandoned = "exception was never retrieved" in record.getMessage()
-  return not (abandoned and error is not None and storage.reason(error) is not None)
+  return not (abandoned and storage.reason(error))
