@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
   config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION
+  config.train.from_logits = "auto"    # cross-entropies: "auto" (a final softmax/sigmoid -> probabilities, else logits) | "true" (logits) | "false" (probabilities)
   config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only

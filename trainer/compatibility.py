@@ -4,18 +4,30 @@ Runs once, eagerly, before the first step and before anything is written: the
 model on a few training examples (which also builds a subclassed model's
 variables), the loss and every metric on its outputs. A mismatch is a
 UserError (exit 2) naming the plug-in and both shapes, instead of a shape
-error from inside a compiled loop minutes later.
+error from inside a compiled loop minutes later. So is a model that carries a
+training configuration of its own (compile(), an overridden train_step): distloop
+trains with its own step, optimizer and loss, and would ignore it.
 """
+import keras
 import numpy as np
 import tensorflow as tf
 
+import models
 from input_pipelines.sources import ArraySource, IndexedSource, Source
 from trainer.errors import UserError
 
+# Optimizer settings worth naming even at their class's default (AdamW's weight_decay).
+_OPTIMIZER_EXTRAS = ("weight_decay", "use_ema", "gradient_accumulation_steps", "clipnorm",
+                     "global_clipnorm", "clipvalue")
+# Methods of keras.Model that Model.fit() runs and distloop's own step replaces.
+_STEP_METHODS = ("train_step", "test_step", "compute_loss")
 
-def check(config, model, loss_fn, metric_fns: dict, features, labels,
-          train_source: Source, eval_source: Source) -> None:
+
+def model_outputs(config, model, features):
+  """The model's outputs on the probe features (this also builds a subclassed model),
+  after refusing a model whose own training configuration distloop would ignore."""
   model_name = f"model.name={config.model.name!r}"
+  _check_no_training_config_of_its_own(model_name, model)
   try:
     outputs = model(features, training=False)
   except Exception as e:  # pylint: disable=broad-except  (user models raise anything)
@@ -24,30 +36,46 @@ def check(config, model, loss_fn, metric_fns: dict, features, labels,
   if not tf.is_tensor(outputs):
     raise UserError(f"{model_name} returns {type(outputs).__name__}; distloop's losses take "
                     f"one output tensor")
+  return outputs
+
+
+def check(config, outputs, loss_fn, metric_fns: dict, labels,
+          train_source: Source, eval_source: Source) -> None:
+  """`outputs`: model_outputs() of the probe examples whose labels are `labels`."""
+  model_name = f"model.name={config.model.name!r}"
   outputs = tf.cast(outputs, tf.float32)
   batch = int(tf.shape(outputs)[0])
   loss_name = config.train.loss
   if outputs.shape.rank == 0 or batch != int(tf.shape(labels)[0]):
     raise UserError(f"{model_name} outputs {outputs.shape} for {int(tf.shape(labels)[0])} "
                     f"examples; axis 0 must be the batch")
-  _check_outputs_fit_loss(loss_name, model_name, outputs, labels, train_source, eval_source)
+  _check_outputs_fit_loss(loss_name, model_name, outputs, labels, train_source, eval_source,
+                          built_in=config.model.name in models.NAMES)
   _check_per_example(f"train.loss={loss_name!r}", loss_fn, labels, outputs, batch)
   for name, fn in metric_fns.items():
     _check_per_example(f"eval.metrics ({name})", fn, labels, outputs, batch)
 
 
-def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources) -> None:
+def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources,
+                            built_in: bool) -> None:
   if loss_name == "sparse_categorical_crossentropy":
     if outputs.shape.rank != 2:
       raise UserError(f"{model_name} outputs shape {outputs.shape}; "
                       f"sparse_categorical_crossentropy needs [batch, classes] logits")
     num_classes = outputs.shape[-1]
+    if num_classes == 1:  # a softmax over one output is always 1: nothing would learn
+      raise UserError(f"{model_name} outputs one value per example; "
+                      f"sparse_categorical_crossentropy needs one per class. For two classes "
+                      f"(labels 0 and 1) set train.loss=binary_crossentropy"
+                      + (", or set model.num_classes to the number of classes" if built_in
+                         else ", or give the model's last layer one output per class"))
     classes = getattr(getattr(sources[0], "source", None), "classes", None)
+    size_hint = (f"model.num_classes={len(classes) if classes is not None else ''}"
+                 if built_in else "the units of the model's last layer")
     if classes is not None and len(classes) != num_classes:
       raise UserError(f"{sources[0].where} has {len(classes)} classes "
                       f"({', '.join(map(str, classes[:5]))}{', ...' if len(classes) > 5 else ''})"
-                      f" but {model_name} outputs {num_classes} (set model.num_classes="
-                      f"{len(classes)}?)")
+                      f" but {model_name} outputs {num_classes} (set {size_hint}?)")
     for source, split_labels in _all_labels(sources, labels):
       if not (np.issubdtype(split_labels.dtype, np.integer)
               or np.all(np.mod(split_labels, 1) == 0)):
@@ -56,7 +84,8 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources) ->
       if split_labels.size and (split_labels.min() < 0 or split_labels.max() >= num_classes):
         raise UserError(f"{source.where}: labels outside 0..{num_classes - 1} (found "
                         f"{split_labels.min()}..{split_labels.max()}), but {model_name} "
-                        f"outputs {num_classes} classes (model.num_classes?)")
+                        f"outputs {num_classes} classes "
+                        f"({'model.num_classes' if built_in else 'its last layer'}?)")
   elif loss_name in ("binary_crossentropy", "mean_squared_error", "mean_absolute_error"):
     label_shape = tuple(labels.shape)
     if len(label_shape) == outputs.shape.rank - 1 and outputs.shape[-1] == 1:
@@ -70,6 +99,55 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources) ->
         if split_labels.size and (split_labels.min() < 0 or split_labels.max() > 1):
           raise UserError(f"{source.where}: labels outside [0, 1] for binary_crossentropy "
                           f"(found {split_labels.min()}..{split_labels.max()})")
+
+
+def _check_no_training_config_of_its_own(model_name: str, model) -> None:
+  """compile() and an overridden train_step configure Model.fit(), which distloop does
+  not run: refused rather than ignored."""
+  overridden = [name for name in _STEP_METHODS
+                if getattr(type(model), name, None) is not getattr(keras.Model, name)]
+  if overridden:
+    raise UserError(f"{model_name} returns a model that overrides {', '.join(overridden)}; "
+                    f"distloop runs its own step and would ignore it (a custom step is not "
+                    f"supported yet): train the model's plain call() with train.loss, "
+                    f"train.optimizer and data.preprocess instead")
+  if getattr(model, "compiled", False):
+    ignored = []
+    if getattr(model, "optimizer", None) is not None:
+      ignored.append(f"the optimizer {_describe_optimizer(model.optimizer)}")
+    if getattr(model, "loss", None) is not None:
+      ignored.append(f"the loss {_describe_loss(model.loss)}")
+    raise UserError(f"{model_name} returns a compiled model; distloop would ignore "
+                    f"{' and '.join(ignored) or 'its compile() settings'}: remove the compile() "
+                    f"call (keras.models.load_model(..., compile=False)) and set "
+                    f"train.optimizer, train.learning_rate and train.loss instead")
+
+
+def _describe_optimizer(optimizer) -> str:
+  """AdamW(weight_decay=0.004, use_ema=True): the class, the settings distloop has no
+  field for when they are on, and any other setting that differs from the class's
+  defaults."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+  name = type(optimizer).__name__
+  try:
+    defaults = type(optimizer)().get_config()
+    settings = optimizer.get_config()
+  except Exception:  # pylint: disable=broad-except  (an optimizer with required arguments)
+    return name
+  changed = [f"{key}={_short(value)}" for key, value in settings.items()
+             if key != "name" and (defaults.get(key) != value
+                                   or (key in _OPTIMIZER_EXTRAS and value))]
+  return f"{name}({', '.join(changed)})"
+
+
+def _describe_loss(loss) -> str:
+  if isinstance(loss, str):
+    return repr(loss)
+  return getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def _short(value) -> str:
+  return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 
 def _all_labels(sources, probe_labels):

@@ -3,7 +3,8 @@
 Inputs come from the features' spec as the model sees them: a dict's keys
 become the input names; a bare array is one input named after its source
 (`images` for the MNIST family, `inputs` otherwise). The output follows the
-loss: `probabilities` (softmax / sigmoid of the logits) for the cross-entropies,
+loss: `probabilities` for the cross-entropies (the softmax / sigmoid of logits, or
+the outputs unchanged when they are probabilities already: train.from_logits),
 `predictions` (the raw outputs) for anything else. The export is built from the
 checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
@@ -49,8 +50,9 @@ def serving_spec(features_spec, feature_name: str):
 
 
 def export_saved_model(config: ml_collections.ConfigDict, weights: list, features_spec,
-                       feature_name: str, destination: str) -> None:
-  """`weights`: the live model's variable values, in `model.variables` order."""
+                       feature_name: str, destination: str, *, probabilities: bool) -> None:
+  """`weights`: the live model's variable values, in `model.variables` order;
+  `probabilities`: the model outputs probabilities (trainer/probabilities.py decided)."""
   input_spec = serving_spec(features_spec, feature_name)
   model = models.build(config.model, input_spec)
   if not model.variables:  # a subclassed model builds on its first call
@@ -58,7 +60,7 @@ def export_saved_model(config: ml_collections.ConfigDict, weights: list, feature
           training=False)
   for variable, value in zip(model.variables, weights, strict=True):
     variable.assign(value)
-  serving = _Serving(model, *losses.served_output(config.train.loss))
+  serving = _Serving(model, *losses.served_output(config.train.loss, probabilities=probabilities))
   function = tf.function(serving.serve, input_signature=[input_spec])
   signatures = {"serving_default": function.get_concrete_function()}
   temporary = destination + ".tmp"

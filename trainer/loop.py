@@ -33,6 +33,7 @@ from trainer import outputs
 from trainer import periodic
 from trainer import plugins
 from trainer import preemption
+from trainer import probabilities
 from trainer import profiling
 from trainer import progress
 from trainer import runtime
@@ -116,9 +117,6 @@ class Trainer:
     self.strategy = strategy
     self.train_source, self.eval_source = splits
     self._preprocess = _preprocess_fn(config.data.preprocess)
-    loss_fn = losses.resolve(config.train.loss)
-    metric_fns = metrics.resolve(config.eval, config.train.loss)
-    self._metric_names = list(metric_fns)  # eval_<name> and train_<name>, in config order
     # A few real training examples: the model's input spec, the start-up checks, samples.
     self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
@@ -130,8 +128,16 @@ class Trainer:
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
       self.model = models.build(config.model, self.features_spec)
-      compatibility.check(config, self.model, loss_fn, metric_fns, *self._probe,
-                          self.train_source, self.eval_source)  # also builds a subclassed model
+      features, labels = self._probe
+      probe_outputs = compatibility.model_outputs(config, self.model, features)  # builds it
+      # Logits or probabilities (train.from_logits): decides the loss, thresholds, export.
+      self.outputs_are_probabilities = probabilities.decide(config, self.model, probe_outputs)
+      loss_fn = losses.resolve(config.train.loss, probabilities=self.outputs_are_probabilities)
+      metric_fns = metrics.resolve(config.eval, config.train.loss,
+                                   probabilities=self.outputs_are_probabilities)
+      self._metric_names = list(metric_fns)  # eval_<name> and train_<name>, in config order
+      compatibility.check(config, probe_outputs, loss_fn, metric_fns, labels, self.train_source,
+                          self.eval_source)
       self.optimizer = optimizers.create(config.train)
       self.optimizer.build(self.model.trainable_variables)
       self.loss_scale = (loss_scale.DynamicLossScale()
@@ -218,7 +224,7 @@ class Trainer:
               else contextlib.nullcontext()):
           state_finite, totals = self._train_loop(batches, tf.constant(num_steps))
         record_graph = False
-        train_metrics = self._totals.result(totals)  # host sync: waits for the n steps
+        train_metrics = self._totals.result(totals, training=True)  # host sync: the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
         if not (math.isfinite(train_metrics["loss"]) and bool(state_finite)):
@@ -256,7 +262,8 @@ class Trainer:
     self.export(position.step)  # a signal from here on: finish (seconds) and exit 0
     summary = {
         "step": position.step,
-        "train_loss": train_metrics.get("loss"),
+        "train_loss": train_metrics.get("loss"),  # the data loss + the regularization, as trained
+        "train_regularization_loss": train_metrics.get("regularization_loss"),
         **{f"train_{name}": train_metrics.get(name) for name in self._metric_names},
         "eval_loss": eval_metrics["loss"],
         **{f"eval_{name}": eval_metrics[name] for name in self._metric_names},
@@ -363,6 +370,7 @@ class Trainer:
     names = ("loss", *self._metric_names)
     self.summaries.scalars("train", step, {
         **{name: metrics[name] for name in names},
+        "regularization_loss": metrics["regularization_loss"],  # included in loss
         "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
         **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
@@ -501,7 +509,8 @@ class Trainer:
       return destination
     export.export_saved_model(
         self.config, [variable.numpy() for variable in self.model.variables],
-        self.features_spec, self.train_source.feature_name, destination)
+        self.features_spec, self.train_source.feature_name, destination,
+        probabilities=self.outputs_are_probabilities)
     logging.info("Exported SavedModel to %s", destination)
     return destination
 

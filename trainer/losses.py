@@ -7,9 +7,14 @@ plain tf.nn functions, not Keras `Loss` objects: with the TF backend a Keras
 `Loss` already scales by 1/num_replicas in a replica context, which would count
 the reduction twice.
 
-Cross-entropies take logits; their served output is `probabilities` (softmax or
-sigmoid), every other loss serves the raw outputs as `predictions`.
+The cross-entropies take logits, or probabilities when the model's outputs are
+(`train.from_logits`, decided by trainer/probabilities.py); either way they serve
+`probabilities` (the softmax or sigmoid of logits, probabilities as they are).
+Every other loss serves the raw outputs as `predictions`. For probabilities the
+cross-entropies are Keras's plain ops (clipped to [eps, 1 - eps] as Keras does),
+per example.
 """
+import keras
 import tensorflow as tf
 
 from trainer import plugins
@@ -38,6 +43,16 @@ def binary_crossentropy(labels, outputs):
       labels=_aligned(labels, outputs), logits=outputs))
 
 
+def sparse_categorical_crossentropy_of_probabilities(labels, probabilities):
+  return keras.ops.sparse_categorical_crossentropy(tf.cast(labels, tf.int32), probabilities,
+                                                   from_logits=False)
+
+
+def binary_crossentropy_of_probabilities(labels, probabilities):
+  return _mean_over_example(keras.ops.binary_crossentropy(
+      _aligned(labels, probabilities), probabilities, from_logits=False))
+
+
 def mean_squared_error(labels, outputs):
   return _mean_over_example(tf.square(outputs - _aligned(labels, outputs)))
 
@@ -54,19 +69,33 @@ BUILTINS = {
 }
 NAMES = tuple(BUILTINS)
 
+_OF_PROBABILITIES = {
+    "sparse_categorical_crossentropy": sparse_categorical_crossentropy_of_probabilities,
+    "binary_crossentropy": binary_crossentropy_of_probabilities,
+}
 _SERVED = {"sparse_categorical_crossentropy": ("probabilities", tf.nn.softmax),
            "binary_crossentropy": ("probabilities", tf.nn.sigmoid)}
 
 
-def resolve(name: str):
-  """The per-example loss function `train.loss` names."""
+def resolve(name: str, *, probabilities: bool = False):
+  """The per-example loss function `train.loss` names; `probabilities`: the model's
+  outputs are probabilities (the cross-entropies then take them as such)."""
+  if probabilities and name in _OF_PROBABILITIES:
+    return _OF_PROBABILITIES[name]
   return plugins.resolve("train.loss", name, BUILTINS)
 
 
-def served_output(name: str):
+def served_output(name: str, *, probabilities: bool = False):
   """(output name, outputs -> served tensor) of the SavedModel for loss `name`."""
+  if probabilities and name in _SERVED:
+    return "probabilities", tf.identity  # already probabilities: no second activation
   return _SERVED.get(name, ("predictions", tf.identity))
 
 
-def is_logits_loss(name: str) -> bool:
+def is_cross_entropy(name: str) -> bool:
+  """A built-in cross-entropy: its outputs are logits unless `train.from_logits` says not."""
   return name in _SERVED
+
+
+def outputs_are_logits(name: str, probabilities: bool) -> bool:
+  return is_cross_entropy(name) and not probabilities

@@ -40,13 +40,14 @@ NAMES = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
          "mean_squared_error")
 
 
-def resolve(eval_config, loss_name: str) -> dict:
+def resolve(eval_config, loss_name: str, *, probabilities: bool = False) -> dict:
   """{reported name: per-example function} for `eval.metrics`.
 
-  Thresholds follow the loss: outputs are logits (threshold 0) under the
-  cross-entropies, probabilities or values (threshold 0.5) otherwise.
+  Thresholds follow the outputs: logits (threshold 0) under the cross-entropies
+  unless `probabilities` (train.from_logits), probabilities or values (threshold
+  0.5) otherwise.
   """
-  threshold = 0.0 if losses.is_logits_loss(loss_name) else 0.5
+  threshold = 0.0 if losses.outputs_are_logits(loss_name, probabilities) else 0.5
   builtins = {
       "accuracy": functools.partial(accuracy, threshold=threshold),
       "top_k_accuracy": functools.partial(top_k_accuracy, k=eval_config.top_k),

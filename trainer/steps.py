@@ -8,7 +8,7 @@ replica gradients is exactly the gradient of the global-batch mean loss, for any
 replica count.
 
 Bookkeeping costs no variable traffic: each replica carries its running sums
-(examples, loss, every metric, gradient norm) as a value of the compiled loop
+(examples, loss, every metric, regularization, gradient norm) as a value of the compiled loop
 and they are reduced once, when the loop ends, so the loop boundary pays one
 host sync and the step writes nothing but the model and optimizer state.
 
@@ -24,31 +24,41 @@ from trainer import optimizers
 
 
 class Totals:
-  """The layout of a loop's running sums: `[examples, loss, metric..., norm sum, norm steps]`.
+  """The layout of a loop's running sums:
+  `[examples, loss, metric..., regularization, norm sum, norm steps]`.
 
   Sums, not means: divided once by the example count at the end, each metric
   is the exact mean over every example (any replica count, partial batches).
+  The regularization term (model.losses: kernel regularizers, add_loss) is one
+  value per step, the same on every replica; each replica adds it times its own
+  example count, so after the reduction and the division it is the average over
+  the loop's steps. A training loop's `loss` is the data loss plus it, as the
+  gradient's is; eval reports the data loss alone.
   """
 
   def __init__(self, loss_fn, metric_fns: dict):
     self.loss_fn = loss_fn
     self._metric_fns = dict(metric_fns)
     self._names = ["loss", *self._metric_fns]
-    self.size = len(self._names) + 3
+    self.size = len(self._names) + 4
 
   def zeros(self):
     return tf.zeros([self.size], tf.float64)
 
-  def of_batch(self, per_example_loss, outputs, labels, norm=None, may_overflow=False):
-    """The sums of one batch (its example count, loss and metrics) and of one step's
-    gradient norm, as one vector: a handful of ops, since it runs every step.
-    `may_overflow` (float16): a non-finite norm is left out of the average."""
+  def of_batch(self, per_example_loss, outputs, labels, norm=None, may_overflow=False,
+               regularization=None):
+    """The sums of one batch (its example count, loss, metrics and regularization) and of
+    one step's gradient norm, as one vector: a handful of ops, since it runs every step.
+    `may_overflow` (float16): a non-finite norm is left out of the average.
+    `regularization`: the step's sum of model.losses (unscaled), if any."""
     values = [per_example_loss] + [fn(labels, outputs) for fn in self._metric_fns.values()]
     sums = [tf.reduce_sum(tf.cast(v, tf.float64)) for v in values]
     batch = per_example_loss.shape[0]  # static for training batches: no op
     count = (tf.constant(float(batch), tf.float64) if batch is not None
              else tf.cast(tf.shape(per_example_loss)[0], tf.float64))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
+    regularization_sum = (zero if regularization is None
+                          else tf.cast(regularization, tf.float64) * count)
     if norm is None:
       norm_pair = [zero, zero]
     elif may_overflow:
@@ -56,13 +66,17 @@ class Totals:
       norm_pair = [tf.where(finite, tf.cast(norm, tf.float64), zero), tf.where(finite, one, zero)]
     else:
       norm_pair = [tf.cast(norm, tf.float64), one]
-    return tf.stack([count, *sums, *norm_pair])
+    return tf.stack([count, *sums, regularization_sum, *norm_pair])
 
-  def result(self, totals) -> dict:
-    """Host sync: {"loss", each metric, "examples"[, "grad_norm"]} from a loop's totals."""
+  def result(self, totals, *, training: bool = False) -> dict:
+    """Host sync: {"loss", each metric, "examples"[, "grad_norm"]} from a loop's totals;
+    `training` adds "regularization_loss", included in "loss"."""
     count, *sums = totals.numpy().tolist()
-    *sums, norm_sum, norm_count = sums
+    *sums, regularization_sum, norm_sum, norm_count = sums
     result = {name: total / max(count, 1.0) for name, total in zip(self._names, sums)}
+    if training:
+      result["regularization_loss"] = regularization_sum / max(count, 1.0)
+      result["loss"] += result["regularization_loss"]
     result["examples"] = int(round(count))
     if norm_count:
       result["grad_norm"] = norm_sum / norm_count
@@ -97,15 +111,17 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
       outputs = _outputs(model, features, training=True)
       per_example_loss = totals.loss_fn(labels, outputs)
       loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
-      if model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+      regularization = None
+      if model.losses:  # the whole model's term, once per step: 1/replicas of it per replica
+        regularization = tf.cast(tf.add_n(model.losses), tf.float32)
+        loss += tf.nn.scale_regularization_loss(regularization)
       if loss_scale is not None:  # float16: keep small gradients from underflowing
         loss = loss_scale.scale_loss(loss)
-    return tape.gradient(loss, variables), per_example_loss, outputs
+    return tape.gradient(loss, variables), per_example_loss, outputs, regularization
 
   def replica_step(batch, running):
     features, labels = batch
-    grads, per_example_loss, outputs = forward_backward(features, labels)
+    grads, per_example_loss, outputs, regularization = forward_backward(features, labels)
     context = tf.distribute.get_replica_context()
     # The one and only gradient reduction (see trainer/optimizers.py for why).
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads,
@@ -123,7 +139,8 @@ def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: i
             jit_compile=compile_pieces, fused_kernels=not jit_compile),
         args=(reduced, finite))
     return running + totals.of_batch(per_example_loss, outputs, labels, norm,
-                                     may_overflow=loss_scale is not None)
+                                     may_overflow=loss_scale is not None,
+                                     regularization=regularization)
 
   if fuse_whole_step:
     return tf.function(replica_step, jit_compile=True, autograph=False)

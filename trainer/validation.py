@@ -47,6 +47,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "data.channels", (1, 3))
 
   plugins.resolve("train.loss", config.train.loss, dict.fromkeys(LOSSES))
+  _one_of(config, "train.from_logits", ("auto", "true", "false"))
   _metrics(config)
 
   for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
