@@ -166,5 +166,5 @@ def test_the_reported_train_loss_includes_the_regularization(tmp_path):
   data_loss = -np.log(probabilities[np.arange(n), labels]).mean()
   regularization = keras_plugins.L2 * np.sum(np.square(kernel.astype(np.float64)))
   assert regularization > 0.1 * data_loss  # large enough to matter
-  assert summary["train_regularization_loss"] == pytest.approx(regularization, rel=1e-5)
   assert summary["train_loss"] == pytest.approx(data_loss + regularization, rel=1e-5)
+  assert summary["train_regularization_loss"] == pytest.approx(regularization, rel=1e-5)
