@@ -11,8 +11,8 @@ it still trains, exits 0, and serves "probabilities" that never reach 1.
     "auto":  a final softmax/sigmoid (a layer's activation, an Activation or
              Softmax layer, keras.ops.softmax/sigmoid) -> probabilities; a final
              layer with no activation -> logits; anything else (a subclassed
-             model) -> logits unless the outputs look like probabilities, which
-             is refused as ambiguous
+             model, another activation) -> logits unless the outputs look like
+             probabilities, which is refused as ambiguous
     "true":  logits; refused for a final softmax/sigmoid
     "false": probabilities; refused for a final layer with no activation or
              outputs outside [0, 1]
@@ -60,11 +60,11 @@ def decide(config, model, outputs) -> bool:
     logging.info("%s ends in a %s: its outputs are probabilities, and %s takes them as such "
                  "(train.from_logits=auto)", where, final, loss_name)
     return True
-  if final is None and _look_like_probabilities(values, outputs.dtype, loss_name):
+  if final != _NO_ACTIVATION and _look_like_probabilities(values, outputs.dtype, loss_name):
     raise UserError(f"{where} outputs values that look like probabilities (all in [0, 1]"
                     f"{', rows summing to 1' if loss_name != 'binary_crossentropy' else ''}"
-                    f") and distloop cannot see its last layer: set train.from_logits=false if "
-                    f"they are probabilities, true if they are logits")
+                    f") but distloop cannot see a final softmax or sigmoid: set "
+                    f"train.from_logits=false if they are probabilities, true if they are logits")
   return False
 
 
@@ -98,8 +98,8 @@ def _look_like_probabilities(values: np.ndarray, dtype, loss_name: str) -> bool:
   """sparse_categorical_crossentropy: every row in [0, 1] summing to 1 (logits almost
   never do); binary_crossentropy: every value strictly between 0 and 1 (at least 8 of
   them: 8 logits of a fresh model all land there about once in 256 runs)."""
-  if values.size == 0 or values.min() < 0 or values.max() > 1:
-    return False
+  if values.ndim == 0 or values.size == 0 or values.min() < 0 or values.max() > 1:
+    return False  # (a scalar output is refused by the start-up checks)
   if loss_name == "sparse_categorical_crossentropy":
     tolerance = 1e-3 if str(getattr(dtype, "name", dtype)) == "float32" else 2e-2
     return bool(np.all(np.abs(values.sum(axis=-1) - 1.0) <= tolerance))
