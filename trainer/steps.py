@@ -8,9 +8,9 @@ replica gradients is exactly the gradient of the global-batch mean loss, for any
 replica count.
 
 Bookkeeping costs no variable traffic: each replica carries its running sums
-(examples, loss, every metric, regularization, gradient norm) as a value of the compiled loop
-and they are reduced once, when the loop ends, so the loop boundary pays one
-host sync and the step writes nothing but the model and optimizer state.
+(examples, loss, every metric, regularization, gradient norm) as a value of the
+compiled loop and they are reduced once, when the loop ends, so the loop boundary
+pays one host sync and the step writes nothing but the model and optimizer state.
 
 With `jit_compile`, XLA compiles the whole step where the strategy allows it:
 on a single replica, forward, backward, the (trivial) reduction, clipping and
@@ -30,10 +30,11 @@ class Totals:
   Sums, not means: divided once by the example count at the end, each metric
   is the exact mean over every example (any replica count, partial batches).
   The regularization term (model.losses: kernel regularizers, add_loss) is one
-  value per step, the same on every replica; each replica adds it times its own
-  example count, so after the reduction and the division it is the average over
-  the loop's steps. A training loop's `loss` is the data loss plus it, as the
-  gradient's is; eval reports the data loss alone.
+  value per step and replica (a weight penalty's is the same on every replica);
+  each replica adds it times its own example count, so after the reduction and
+  the division it is the average over the loop's steps (and replicas). A training
+  loop's `loss` is the data loss plus it, as the gradient's is; eval reports the
+  data loss alone.
   """
 
   def __init__(self, loss_fn, metric_fns: dict):
