@@ -229,12 +229,18 @@ def make_eval_pass(strategy, model, totals: Totals, dataset, decode=None):
   evaluated right here (the parameter-server coordinator, reading the weights
   from the servers)."""
 
-  def replica_step(batch, running):
-    features, labels = batch
+  def add_batch(features, labels, running):
     if decode is not None:
       features = decode(features)
     outputs = _outputs(model, features, training=False)
     return running + totals.of_batch(totals.loss_fn(labels, outputs), outputs, labels)
+
+  def replica_step(batch, running):
+    # A replica's slice of the last batch may hold no example: the model is not called
+    # on it (oneDNN's Conv->BatchNorm fails on an empty batch), it adds nothing.
+    features, labels = batch
+    size = tf.shape(tf.nest.flatten(labels)[0])[0]
+    return tf.cond(size > 0, lambda: add_batch(features, labels, running), lambda: running)
 
   @tf.function
   def eval_pass():
