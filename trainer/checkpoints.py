@@ -197,12 +197,15 @@ class Checkpoints:
     """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
 
     Raises UserError if the step was written by another model (checked before
-    anything is read), CorruptCheckpoint if it cannot be read.
+    anything is read), StorageError if the storage refuses the read (permission
+    denied, an I/O error: the disk's fault, not the step's), CorruptCheckpoint if
+    its content cannot be read (files deleted or truncated).
     """
     targets = {"model": model_target}
     if optimizer_target is not None:
       targets["optimizer"] = optimizer_target
     try:
+      _open_every_file(os.path.join(self.directory, str(step)))
       metadata = self._settled().item_metadata(step)
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
@@ -214,6 +217,8 @@ class Checkpoints:
     except UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
+      if storage.reason(e) is not None:
+        raise storage.read_failure(f"checkpoint {step}", self.directory, e) from None
       raise CorruptCheckpoint(f"{os.path.join(self.directory, str(step))}: "
                               f"{_first_line(e)}") from e
 
@@ -279,6 +284,17 @@ def remove_temporaries(directory: str) -> list[str]:
   for name in names:
     shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
   return sorted(names)
+
+
+def _open_every_file(step_dir: str) -> None:
+  """Opens each file of a step once: a permission or I/O error shows here as an OSError
+  (orbax takes an unreadable directory for a step with no metadata, i.e. another model's)."""
+  def fail(error: OSError):
+    raise error
+  for parent, _, names in os.walk(step_dir, onerror=fail):
+    for name in names:
+      with open(os.path.join(parent, name), "rb"):
+        pass
 
 
 def _nbytes(tree: dict) -> int:
