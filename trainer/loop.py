@@ -97,7 +97,7 @@ class Trainer:
           train_loop(batches, n)          # compiled: n steps, no Python in between
           read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
           log; TensorBoard
-          SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
+          SIGTERM/SIGINT/SIGHUP agreed by all workers -> save this step, wait, exit 42
           evaluate if due (and keep the best)
           checkpoint if due by steps, or by the chief's clock (async)
       wait for saves; final eval; export; summary.json
