@@ -494,13 +494,19 @@ class Trainer:
     return state
 
   def warm_start(self) -> Position:
-    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir."""
+    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir;
+    with checkpoint.init_partial only those whose name and shape match, the rest listed."""
     source = self.config.checkpoint.init_from
     if source:
       model_variables = checkpoints.model_variables(self.model)
-      tree, item = checkpoints.read_model_weights(
-          source, checkpoints.variables_tree(model_variables))
-      checkpoints.assign_tree(model_variables, tree)
+      loaded, item, skipped = checkpoints.read_model_weights(
+          source, checkpoints.variables_tree(model_variables),
+          partial=self.config.checkpoint.init_partial)
+      checkpoints.assign_tree({key: model_variables[key] for key in loaded}, loaded)
+      if skipped:
+        logging.warning("Warm start (checkpoint.init_partial): %d of %d variables from %s; "
+                        "skipped %d, which start from their initializers: %s", len(loaded),
+                        len(model_variables), item, len(skipped), "; ".join(skipped))
       logging.info("Warm start: weights from %s; optimizer state and step start fresh.", item)
     return Position(0, 0)
 
