@@ -58,7 +58,7 @@ def main() -> int:
       os.kill(os.getpid(), signum)
     stop.append(signum)
 
-  for signum in (signal.SIGTERM, signal.SIGINT):
+  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(signum, signal.SIG_DFL if action == "starting" else on_signal)
 
   pids = os.path.join(args.state_dir, "pids")

@@ -188,6 +188,20 @@ def test_sigterm_is_forwarded_to_the_workers_and_exit_42(state_dir):
   assert "restarting" not in process.output
 
 
+def test_sighup_is_forwarded_to_the_workers_and_exit_42(state_dir):
+  """A closed terminal or a dropped ssh session: a preemption, not the launcher's death
+  (which would SIGKILL every trainer, work since the last checkpoint lost)."""
+  process = _start(state_dir, "--num_workers=2", task_flags=["--then=until_signal"])
+  try:
+    _wait_ready(process, {"worker-0", "worker-1"})
+    process.send(signal.SIGHUP)
+    assert process.wait(timeout=20) == 42, process.output
+  finally:
+    process.kill()
+  assert sorted(_signals(state_dir)) == ["worker-0 SIGHUP", "worker-1 SIGHUP"]
+  assert "restarting" not in process.output
+
+
 @pytest.mark.parametrize("launcher_flags, starting_task", [
     (["--num_workers=2"], "worker-1"),
     (["--num_workers=1", "--num_ps=1"], "chief-0"),

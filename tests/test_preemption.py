@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT: exit 42 with a checkpoint at the current step; the same command resumes
+"""SIGTERM/SIGINT/SIGHUP: exit 42 with a checkpoint at the current step; the same command resumes
 and ends with the weights of an uninterrupted run (deterministic kernels, <= 1e-6)."""
 import os
 import re
@@ -22,6 +22,8 @@ _CASES = {  # (model, replicas, signals sent)
     "sigterm-1-replica": ("mnist_cnn", 1, [signal.SIGTERM]),
     "sigterm-twice-2-replicas": ("mnist_cnn", 2, [signal.SIGTERM, signal.SIGTERM]),
     "sigint-dropout-rng-state": ("mlp", 1, [signal.SIGINT]),
+    # A closed terminal or a dropped ssh session: a preemption too (it was a death, 129).
+    "sighup-1-replica": ("mnist_cnn", 1, [signal.SIGHUP]),
 }
 
 

@@ -1,7 +1,8 @@
 """`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
 
-Order matters here: SIGTERM/SIGINT are caught before anything else (a signal
-at any moment is a request to stop, trainer/preemption.py); flags, config and data
+Order matters here: SIGTERM/SIGINT/SIGHUP are caught before anything else (a signal
+at any moment is a request to stop, trainer/preemption.py; during start-up it ends
+the run within seconds, a hung plug-in or config included); flags, config and data
 are checked before TensorFlow is imported and before anything is written, so bad
 input costs a second and leaves model_dir untouched; the writer lock on model_dir
 is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
@@ -9,7 +10,7 @@ input, 42 preempted.
 """
 if __name__ == "__main__":  # first of all, before the heavier imports below
   from trainer import preemption as _early  # pylint: disable=g-import-not-at-top
-  _early.install()
+  _early.install(start_up=True)
 
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
@@ -63,7 +64,7 @@ def main(argv):
   except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
     code, line = EXIT_FAILURE, str(e)
   except Preempted as e:
-    logging.warning("%s", e)
+    _report_preempted(e)
     code, line = EXIT_PREEMPTED, None
   except Exception as e:  # pylint: disable=broad-except
     data_error = _data_error_inside(e)
@@ -91,6 +92,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   if checkpoint_step is not None and mode != "eval":
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
+    preemption.end_start_up()  # a server polls the flag
     return _serve()
   _stop_if_signalled(config)
   if mode in ("train", "train_and_eval"):
@@ -105,6 +107,8 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     splits = input_pipelines.load(config.data, config.runtime.seed)
     from trainer import loop  # pylint: disable=g-import-not-at-top
     from trainer import runtime  # pylint: disable=g-import-not-at-top
+    if config.runtime.strategy == "multi_worker_mirrored":
+      preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
     runtime.configure(config.runtime)
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
@@ -123,6 +127,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
   from trainer import loop  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
   trainer = loop.Trainer(config, model_dir, strategy, splits, read_only=not training)
+  preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
   try:
     if training:
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
@@ -155,22 +160,28 @@ def _writer(model_dir: str):
   """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
 
   Taken after every check that needs no model (so a refused run never creates
-  model_dir); a refusal inside the block (another model's checkpoint) removes the
-  lock file, and model_dir if taking the lock created it. With the lock held,
+  model_dir); a refusal inside the block (another model's checkpoint), or a signal
+  before training (a hung model builder: trainer/preemption.py), removes the lock
+  file, and model_dir if taking the lock created it. With the lock held,
   unfinished orbax temporaries cannot be another live writer's: they are removed.
   """
   from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
   lock = writer_lock.WriterLock.acquire(model_dir)
   refused = False
   try:
-    for directory in (outputs.checkpoint_dir(model_dir), outputs.best_checkpoint_dir(model_dir)):
-      removed = checkpoints.remove_temporaries(directory)
-      if removed:
-        logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
-                     len(removed), directory, ", ".join(removed))
-    yield lock
+    with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
+      for directory in (outputs.checkpoint_dir(model_dir),
+                        outputs.best_checkpoint_dir(model_dir)):
+        removed = checkpoints.remove_temporaries(directory)
+        if removed:
+          logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
+                       len(removed), directory, ", ".join(removed))
+      yield lock
   except UserError:
     refused = True
+    raise
+  except Preempted as e:
+    refused = e.step is None  # stopped before training: leave model_dir as a refusal does
     raise
   finally:
     lock.release(refused=refused)
@@ -319,9 +330,24 @@ def _fail(code: int, error, immediately: bool = False) -> None:
   sys.exit(code)
 
 
+def _report_preempted(stop: Preempted) -> None:
+  """The run's one line about the stop (a start-up watchdog then adds none). Before the
+  flags are parsed absl would add a line of its own: then it is printed plainly."""
+  if flags.FLAGS.is_parsed():
+    logging.warning("%s", stop)
+  else:
+    print(f"distloop: {stop}", file=sys.stderr, flush=True)
+  preemption.reported()
+
+
 def run() -> None:
-  preemption.install()  # before flags, TensorFlow or any write: no bare signal death
-  app.run(main, flags_parser=_parse_flags)
+  preemption.install(start_up=True)  # before flags, TensorFlow or any write: no bare signal death
+  try:
+    preemption.start_up()  # a config's get_config or a plug-in may block: a signal ends it
+    app.run(main, flags_parser=_parse_flags)
+  except Preempted as e:  # before main(): while the flags (and so the config file) load
+    _report_preempted(e)
+    sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

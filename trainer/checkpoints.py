@@ -193,27 +193,47 @@ class Checkpoints:
         optimizer=ocp.args.StandardSave(optimizer_tree),
         meta=ocp.args.JsonSave(meta)))
 
-  def restore(self, step: int, model_target: dict, optimizer_target: dict | None):
+  def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
+              *, advice: str = "use another --model_dir"):
     """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
 
     Raises UserError if the step was written by another model (checked before
-    anything is read), CorruptCheckpoint if it cannot be read.
+    anything is read; `advice` ends its line), StorageError if the storage refuses
+    the read (permission denied, an I/O error: the disk's fault, not the step's),
+    CorruptCheckpoint if its content cannot be read (files deleted or truncated).
     """
     targets = {"model": model_target}
     if optimizer_target is not None:
       targets["optimizer"] = optimizer_target
-    try:
+    with self._read_failures(step):
       metadata = self._settled().item_metadata(step)
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
-                       getattr(metadata[item], "tree", metadata[item]), target)
+                       getattr(metadata[item], "tree", metadata[item]), target, advice)
       restored = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore(),
           **{item: ocp.args.StandardRestore(target) for item, target in targets.items()}))
       return restored["model"], restored.get("optimizer"), dict(restored["meta"])
+
+  def restore_model_as_stored(self, step: int) -> dict:
+    """The model weights of `step` as they were saved, keys and shapes whatever they
+    are (a partial warm start picks from them). Raises as restore() does."""
+    with self._read_failures(step):
+      restored = self._settled().restore(step, args=ocp.args.Composite(
+          model=ocp.args.StandardRestore()))
+      return _flatten(restored["model"])
+
+  @contextlib.contextmanager
+  def _read_failures(self, step: int):
+    """Permission / I/O errors -> StorageError; anything else unreadable -> CorruptCheckpoint."""
+    try:
+      _open_every_file(os.path.join(self.directory, str(step)))
+      yield
     except UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
+      if storage.reason(e) is not None:
+        raise storage.read_failure(f"checkpoint {step}", self.directory, e) from None
       raise CorruptCheckpoint(f"{os.path.join(self.directory, str(step))}: "
                               f"{_first_line(e)}") from e
 
@@ -281,14 +301,30 @@ def remove_temporaries(directory: str) -> list[str]:
   return sorted(names)
 
 
+def _open_every_file(step_dir: str) -> None:
+  """Opens each file of a step once: a permission or I/O error shows here as an OSError
+  (orbax takes an unreadable directory for a step with no metadata, i.e. another model's)."""
+  def fail(error: OSError):
+    raise error
+  for parent, _, names in os.walk(step_dir, onerror=fail):
+    for name in names:
+      with open(os.path.join(parent, name), "rb"):
+        pass
+
+
 def _nbytes(tree: dict) -> int:
   return sum(int(np.asarray(value).nbytes) for value in _flatten(tree).values())
 
 
-def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:
+def read_model_weights(path: str, model_target: dict, *, partial: bool = False
+                       ) -> tuple[dict, str, list[str]]:
   """Model weights from a model_dir, its checkpoints/ or one checkpoints/<step>/ (warm start).
 
-  Returns (model_tree, the step directory read). Shape-checked like a resume.
+  Returns ({key: array} to load, the step directory read, what was skipped). Without
+  `partial`, every key and shape must match (a mismatch: UserError naming the first
+  and suggesting checkpoint.init_partial). With it, only the variables of
+  `model_target` found there with their shape are returned (see `_matching`), the
+  others listed as skipped (a new head); UserError if none matches.
   """
   path = os.path.abspath(path)
   if os.path.isdir(os.path.join(path, "checkpoints")):
@@ -302,15 +338,59 @@ def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:
     step = step if step is not None else source.latest_step()
     if step is None:
       raise UserError(f"checkpoint.init_from: no checkpoint in {path}")
-    model_tree, _, _ = source.restore(step, model_target, None)
+    where = os.path.join(path, str(step))
+    if partial:
+      model_tree, skipped = _matching(where, source.restore_model_as_stored(step), model_target)
+    else:
+      model_tree, _, _ = source.restore(
+          step, model_target, None,
+          advice="to load only the weights whose name and shape match (fine-tuning with a "
+                 "new head), set checkpoint.init_partial=true")
+      model_tree, skipped = _flatten(model_tree), []
   except CorruptCheckpoint as e:
     raise UserError(f"checkpoint.init_from: cannot read {e}") from None
   finally:
     source.close()
-  return model_tree, os.path.join(path, str(step))
+  return model_tree, where, skipped
 
 
-def _check_matches(where: str, stored_tree, target: dict) -> None:
+def _matching(where: str, stored: dict, target: dict) -> tuple[dict, list[str]]:
+  """(the flat {key: array} of `target`'s keys found in `stored` with their shape, the
+  skipped keys with why).
+
+  A key is `<model.name>/<layer.name>/<variable.name>` (model_variables). A model
+  built by another builder may have another top-level name (`cnn` fine-tuned as
+  `classifier`), so a key not found as it is is looked up by what follows the model
+  name, where that part names one variable on each side.
+  """
+  wanted = _flatten(target)
+  def by_rest(keys):
+    rests = {}
+    for key in keys:
+      rests.setdefault(key.split("/", 1)[-1], []).append(key)
+    return {rest: keys[0] for rest, keys in rests.items() if len(keys) == 1}
+  stored_by_rest, wanted_by_rest = by_rest(stored), by_rest(wanted)
+  loaded, skipped = {}, []
+  for key, value in wanted.items():
+    rest = key.split("/", 1)[-1]
+    found = key if key in stored else (
+        stored_by_rest.get(rest) if wanted_by_rest.get(rest) == key else None)
+    if found is None:
+      skipped.append(f"{key} (not in the checkpoint)")
+    elif tuple(np.shape(stored[found])) != tuple(np.shape(value)):
+      skipped.append(f"{key} (shape {tuple(np.shape(stored[found]))} there, "
+                     f"{tuple(np.shape(value))} here)")
+    else:
+      loaded[key] = stored[found]
+  if not loaded:
+    raise UserError(f"checkpoint.init_from: no variable of {where} matches this model by name "
+                    f"and shape (e.g. {skipped[0] if skipped else 'this model has none'}); "
+                    f"name your layers as in the model that wrote it")
+  return loaded, skipped
+
+
+def _check_matches(where: str, stored_tree, target: dict,
+                   advice: str = "use another --model_dir") -> None:
   """UserError unless the stored arrays have the keys and shapes of `target`."""
   stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
   wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
@@ -320,12 +400,11 @@ def _check_matches(where: str, stored_tree, target: dict) -> None:
     detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
               else f"the checkpoint has {extra[0]}, this config does not")
     raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
-                    f"use another --model_dir")
+                    f"{advice}")
   for key in sorted(wanted):
     if stored[key] != wanted[key]:
       raise UserError(f"{where} was written by a different model: {key} has shape "
-                      f"{stored[key]} there, {wanted[key]} in this config; "
-                      f"use another --model_dir")
+                      f"{stored[key]} there, {wanted[key]} in this config; {advice}")
 
 
 def _first_line(error: Exception) -> str:

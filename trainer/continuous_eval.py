@@ -13,7 +13,7 @@ It never writes, moves or deletes anything in checkpoints/.
             else restore it, evaluate it (eval/loss, eval/accuracy at that step)
         nothing new for eval.timeout_seconds -> Unfinished (exit 1)
         nothing new -> sleep eval.poll_seconds
-        SIGTERM/SIGINT (`stopped()`) -> Preempted between evals (exit 42)
+        SIGTERM/SIGINT/SIGHUP (`stopped()`) -> Preempted between evals (exit 42)
 
 Every checkpoint is evaluated, oldest first; it does not jump to the newest when
 it falls behind. A step that retention deletes before the sidecar reaches it (or

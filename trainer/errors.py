@@ -14,18 +14,24 @@ class StorageError(Exception):
   The message says what, where, and how much space was needed when known."""
 
 
-class Preempted(Exception):
-  """SIGTERM/SIGINT: exit 42, run the same command again to resume.
+class Preempted(BaseException):
+  """SIGTERM/SIGINT/SIGHUP: exit 42, run the same command again to resume.
+
+  A BaseException, like KeyboardInterrupt: a signal during start-up raises it inside
+  whatever runs then (a plug-in, Keras, a config's get_config), whose
+  `except Exception` must not swallow it (trainer/preemption.py).
 
   `step`: the step whose checkpoint is on disk; None when stopped before training
-  started (nothing new to save). `unsaved`: why the checkpoint of `step` could not
-  be written (then `last_complete` is where the next run resumes).
+  started (nothing new to save; `signal_name` then says which signal, if known).
+  `unsaved`: why the checkpoint of `step` could not be written (then
+  `last_complete` is where the next run resumes).
   """
 
-  def __init__(self, step: int | None, *, unsaved: str = "", last_complete: int | None = None):
+  def __init__(self, step: int | None, *, unsaved: str = "", last_complete: int | None = None,
+               signal_name: str = ""):
     if step is None:
-      message = ("preempted during start-up, before training; nothing new to save: run the "
-                 "same command again to resume")
+      message = (f"preempted during start-up{f' ({signal_name})' if signal_name else ''}, "
+                 f"before training; nothing new to save: run the same command again to resume")
     elif unsaved:
       where = ("no checkpoint yet" if last_complete is None
                else f"the last complete checkpoint is step {last_complete}")

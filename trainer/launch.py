@@ -15,7 +15,7 @@ protocol). So a restart is only the same command again, and the trainer resumes
 from its latest checkpoint by itself. The launcher never imports TensorFlow.
 
 Exit codes are the job's: 0 done, 2 bad input (never retried), 42 preempted
-(SIGTERM/SIGINT are forwarded to the trainers, which save and exit 42), 1 anything
+(SIGTERM/SIGINT/SIGHUP are forwarded to the trainers, which save and exit 42), 1 anything
 else, including failures beyond --max_restarts restarts. Once a signal was
 forwarded, trainers that end with 0, 42 or death by that very signal (one still
 starting up) make the job 42 unless all of them finished (0): the latest complete
@@ -136,7 +136,7 @@ class Launcher:
     self._forwarded: set[int] = set()
 
   def run(self) -> int:
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
       signal.signal(signum, lambda signum, frame: self._signals.append(signum))
     try:
       while True:

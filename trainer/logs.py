@@ -31,11 +31,27 @@ class _HideLibraryInfo(std_logging.Filter):
   def filter(self, record: std_logging.LogRecord) -> bool:
     library = any(part in record.pathname for part in _LIBRARY_PATHS)
     if record.levelno >= std_logging.WARNING:
-      if library and _about_storage(record):
+      if library and (_about_storage(record) or _metadata_denied(record)):
         return False  # the trainer says it in one line
       # orbax warns on every read-only manager (eval, warm start, non-chief workers).
       return not record.getMessage().startswith("Given directory is read only")
     return not library
+
+
+def _metadata_denied(record: std_logging.LogRecord) -> bool:
+  """orbax's 'Metadata file does not exist' for a step directory it may not read (the
+  restore reports that as a permission error)."""
+  message = record.getMessage()
+  prefix = "Metadata file does not exist: "
+  if not message.startswith(prefix):
+    return False
+  try:
+    os.listdir(os.path.dirname(message[len(prefix):]))
+  except PermissionError:
+    return True
+  except OSError:
+    pass
+  return False
 
 
 def _about_storage(record: std_logging.LogRecord) -> bool:

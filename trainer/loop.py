@@ -39,7 +39,7 @@ from trainer import progress
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
-from trainer.errors import NonFiniteError, Preempted, StorageError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -98,7 +98,7 @@ class Trainer:
           train_loop(batches, n)          # compiled: n steps, no Python in between
           read metrics once (host sync); on NaN/Inf: stop, or roll back and skip ahead
           log; TensorBoard
-          SIGTERM/SIGINT agreed by all workers -> save this step, wait, exit 42
+          SIGTERM/SIGINT/SIGHUP agreed by all workers -> save this step, wait, exit 42
           evaluate if due (and keep the best)
           checkpoint if due by steps, or by the chief's clock (async)
       wait for saves; final eval; export; summary.json
@@ -150,6 +150,7 @@ class Trainer:
     self._device_decode = (batching.device_decoder(self.train_source)
                            if self._preprocess is None and self._on_accelerator else None)
     jit_compile = runtime.jit_compile(config.runtime, strategy)
+    self._read_only = read_only
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
@@ -393,8 +394,13 @@ class Trainer:
   def restore_latest(self) -> Position | None:
     """Loads the newest readable checkpoint into the model and optimizer.
 
-    An unreadable step (files deleted or truncated) is set aside with a warning
-    and the one before it is tried; a step of another model is refused (exit 2).
+    Steps are tried newest first, and nothing is moved while looking: once one
+    loads, the unreadable newer ones (files deleted or truncated) are set aside in
+    checkpoints_corrupt/ with a warning. Checkpoints there but none readable:
+    refused (UserError, exit 2, every byte left in place) unless
+    checkpoint.if_unreadable=start_over (all set aside, None: step 0). A
+    permission or I/O error is the storage's fault, never corruption: StorageError
+    (exit 1), nothing moved. A step of another model is refused (exit 2).
 
     With several workers the chief's list of steps decides (a worker's list may be
     stale, or a step half-visible on shared storage): the chief names each step to
@@ -403,13 +409,23 @@ class Trainer:
     """
     self.checkpoints.wait()  # the chief's own pending save is a step to consider
     self.checkpoints.reload()
+    unreadable = []  # (step, why), newest first
     step = self.agreement.chiefs(self._step_before(None))
     while step >= 0:
-      position = self.restore(step)
+      position, problem = self._read(step)
+      storage_failed = isinstance(problem, StorageError)
+      if self.agreement.any(storage_failed):  # every worker stops, none moves anything
+        raise problem if storage_failed else StorageError(
+            f"cannot read checkpoint {step} in {self.checkpoints.directory} on another "
+            f"worker (its log says why); nothing was moved or deleted")
       if self.agreement.all(position is not None):
+        self._set_aside(unreadable, instead=f"step {step} restored instead")
         logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
         return position
+      unreadable.append((step, problem or "unreadable on another worker"))
       step = self.agreement.chiefs(self._step_before(step))
+    if unreadable:
+      self._none_readable(unreadable)
     return None
 
   def _step_before(self, step: int | None) -> int:
@@ -418,28 +434,58 @@ class Trainer:
     return earlier[-1] if earlier else -1
 
   def restore(self, step: int) -> Position | None:
-    """The position of `step` once loaded; None if it is unreadable (then set aside)."""
+    """The position of `step` once loaded; None (with a warning) if its content is
+    unreadable (nothing is moved); StorageError if the storage refuses the read."""
+    position, problem = self._read(step)
+    if isinstance(problem, StorageError):
+      raise problem
+    if problem is not None:
+      logging.warning("Checkpoint %d is unreadable (%s).", step, problem)
+    return position
+
+  def _read(self, step: int) -> tuple[Position | None, Exception | None]:
+    """(position, None) once `step` is loaded, else (None, the CorruptCheckpoint or
+    StorageError why not). Reads only: nothing on disk changes."""
     model_variables = checkpoints.model_variables(self.model)
     optimizer_variables = self._optimizer_state()
-    error = moved = None
+    problem = None
     with logs.stderr_captured() as library_output:
       try:
         model_tree, optimizer_tree, meta = self.checkpoints.restore(
             step, checkpoints.variables_tree(model_variables),
             checkpoints.variables_tree(optimizer_variables))
-      except checkpoints.CorruptCheckpoint as e:
+      except (checkpoints.CorruptCheckpoint, StorageError) as e:
         # The failed read's pending tensorstore callbacks print asyncio
         # tracebacks to fd 2 from other threads for a moment: let them, unseen.
         library_output.discard()
-        error, moved = e, self.checkpoints.set_aside(step)
+        problem = e
         time.sleep(_FAILED_READ_DRAIN_SECONDS)
-    if error is not None:
-      logging.warning("Checkpoint %d is unreadable (%s)%s; trying the one before it.",
-                      step, error, f"; moved to {moved}" if moved else "")
-      return None
+    if problem is not None:
+      return None, problem
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
-    return Position(step, int(meta["examples_consumed"]))
+    return Position(step, int(meta["examples_consumed"])), None
+
+  def _set_aside(self, unreadable: list, *, instead: str) -> None:
+    """Moves unreadable steps to checkpoints_corrupt/ (the chief; kept, not deleted)."""
+    for step, why in unreadable:
+      moved = self.checkpoints.set_aside(step)
+      logging.warning("Checkpoint %d is unreadable (%s)%s; %s.", step, why,
+                      f"; moved to {moved}" if moved else "", instead)
+
+  def _none_readable(self, unreadable: list) -> None:
+    """Checkpoints on disk, none readable: refuse, unless told to start over."""
+    steps = ", ".join(str(step) for step, _ in unreadable)
+    newest, why = unreadable[0]
+    if self.config.checkpoint.if_unreadable != "start_over" or self._read_only:
+      advice = ("" if self._read_only else
+                "; or set checkpoint.if_unreadable=start_over to set them aside in "
+                "checkpoints_corrupt/ and train from step 0")
+      raise UserError(f"no checkpoint in {self.checkpoints.directory} can be read (step(s) "
+                      f"{steps}; step {newest}: {why}); nothing was moved or deleted: repair "
+                      f"or restore them, or use another --model_dir{advice}")
+    self._set_aside(unreadable, instead="checkpoint.if_unreadable=start_over: training "
+                                        "starts over from step 0")
 
   def _non_finite_state(self) -> list[str]:
     """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
@@ -456,13 +502,19 @@ class Trainer:
     return state
 
   def warm_start(self) -> Position:
-    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir."""
+    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir;
+    with checkpoint.init_partial only those whose name and shape match, the rest listed."""
     source = self.config.checkpoint.init_from
     if source:
       model_variables = checkpoints.model_variables(self.model)
-      tree, item = checkpoints.read_model_weights(
-          source, checkpoints.variables_tree(model_variables))
-      checkpoints.assign_tree(model_variables, tree)
+      loaded, item, skipped = checkpoints.read_model_weights(
+          source, checkpoints.variables_tree(model_variables),
+          partial=self.config.checkpoint.init_partial)
+      checkpoints.assign_tree({key: model_variables[key] for key in loaded}, loaded)
+      if skipped:
+        logging.warning("Warm start (checkpoint.init_partial): %d of %d variables from %s; "
+                        "skipped %d, which start from their initializers: %s", len(loaded),
+                        len(model_variables), item, len(skipped), "; ".join(skipped))
       logging.info("Warm start: weights from %s; optimizer state and step start fresh.", item)
     return Position(0, 0)
 

@@ -1,62 +1,145 @@
-"""Graceful preemption: SIGTERM or SIGINT asks the run to stop at the next safe point.
+"""Graceful preemption: SIGTERM, SIGINT or SIGHUP asks the run to stop at a safe point.
 
-The handler only sets a process-wide flag; nothing unsafe runs inside it. The
-CLI installs it first thing (`install()`, before TensorFlow is imported), so a
-signal at any moment, start-up and restore included, is a request, never a bare
-signal death. Who reads the flag, and when, is decided per phase:
+SIGHUP (a closed terminal, a dropped ssh session) is a preemption like the others:
+the work since the last checkpoint is saved, not lost to a bare signal death. The
+CLI installs the handler first thing (`install()`, before TensorFlow is imported),
+so a signal at any moment, start-up and restore included, is a request, never a
+bare signal death. What the handler does, and who reads the flag when, is per phase:
 
-- start-up of a single process: the CLI checks it between phases and exits 42
-  (nothing new to save);
-- the training loop: at every loop boundary, in the all-reduce that also carries
-  the chief's save-by-clock decision (`Agreement.share`; `stop_agreed()` asks alone).
+- start-up (`start_up()` .. `end_start_up()`: config, data and model building, the
+  plug-ins): nothing is trained, nothing to save, and a plug-in or a config's
+  get_config may block forever. The handler raises Preempted in the main thread
+  (Python runs it between bytecodes; it also cuts time.sleep and lock waits
+  short) and arms a watchdog that exits 42 with the one line after
+  `_WATCHDOG_SECONDS` if the process is stuck in native code and never gets
+  there. It ends where stopping must be agreed by all workers: for
+  multi_worker_mirrored when the runtime starts (before its collectives), else
+  once the Trainer is built, before any checkpoint is read;
+- the training loop: the handler only sets a flag (nothing unsafe runs inside
+  it), read at every loop boundary, in the all-reduce that also carries the
+  chief's save-by-clock decision (`Agreement.share`; `stop_agreed()` asks alone).
   With several workers the flag is all-reduced, so all of them get the same
   answer at the same boundary and stop at the same step: none is left waiting
   in a collective the others never join. The loop then saves that step, waits
-  for the write and exits 42. Multi-worker start-up defers to the first such
-  agreed check (right after the restore) for the same reason;
+  for the write and exits 42. Multi-worker start-up after the runtime starts
+  defers to the first such agreed check (right after the restore);
 - after the loop: agreed checks before the final eval and before the export.
   A signal during the export lets it finish (seconds) and the run exits 0.
 
 A second signal while stopping changes nothing. This module imports no
 TensorFlow: the CLI imports it before anything heavy.
 """
+import contextlib
+import os
 import signal
 import threading
+from typing import Callable
 
 from absl import logging
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from trainer.errors import Preempted
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_WATCHDOG_SECONDS = 5.0  # a start-up signal ends the process within this, stuck or not
 _requested = threading.Event()
+_reported = threading.Event()  # the run's one line about the stop is out
 _installed = False
+_start_up = False  # a first signal arms the watchdog
+_interrupt = False  # ... and raises Preempted in the main thread
+_first_signal = ""  # its name, for the one line
+_before_forced_exit = []  # what the watchdog undoes first (the writer lock of a fresh model_dir)
 
 
-def install() -> bool:
-  """Routes SIGTERM/SIGINT to the flag for the rest of the process (main thread only;
-  False elsewhere). Call it again once TensorFlow's runtime is up: under
+def install(*, start_up: bool = False) -> bool:
+  """Routes SIGTERM/SIGINT/SIGHUP to the handler for the rest of the process (main
+  thread only; False elsewhere). `start_up`: the CLI's first call, before anything
+  else (see `start_up()`). Call it again once TensorFlow's runtime is up: under
   MultiWorkerMirroredStrategy its coordination service installs a SIGTERM handler of
   its own in C++ (the preemption notifier), which would take the signal from us."""
-  global _installed
+  global _installed, _start_up
   if threading.current_thread() is not threading.main_thread():
     return False
   for signum in _SIGNALS:
     signal.signal(signum, _handle)
   _installed = True
+  _start_up = _start_up or start_up
   return True
 
 
+def start_up() -> None:
+  """From here to `end_start_up()` a signal raises Preempted where the main thread is
+  (a signal already received raises it now)."""
+  global _start_up, _interrupt
+  _start_up = _interrupt = True
+  if _requested.is_set():
+    raise Preempted(None, signal_name=_first_signal)
+
+
+def end_start_up() -> None:
+  """The run reached the point where stopping must wait for a safe, agreed point: a
+  signal from now on only sets the flag. (A watchdog armed before still runs.)"""
+  global _start_up, _interrupt
+  _start_up = _interrupt = False
+
+
+def reported() -> None:
+  """The CLI printed its line about the stop: a watchdog that fires adds none."""
+  _reported.set()
+
+
+@contextlib.contextmanager
+def undone_on_forced_exit(undo: Callable[[], None]):
+  """Within the block, a watchdog exit calls `undo()` first."""
+  _before_forced_exit.append(undo)
+  try:
+    yield
+  finally:
+    _before_forced_exit.remove(undo)
+
+
 def _handle(signum, frame) -> None:
+  global _first_signal
   del frame
   name = signal.Signals(signum).name
   if _requested.is_set():
-    logging.warning("%s again: already stopping", name)
-  else:
-    logging.warning("%s: stopping at the next safe point (a loop boundary, or the end of "
-                    "the current phase), then exiting 42", name)
+    if not _start_up:
+      logging.warning("%s again: already stopping", name)
+    return
+  _first_signal = name
   _requested.set()
+  if _start_up:
+    _arm_watchdog(Preempted(None, signal_name=name))
+    if _interrupt:
+      raise Preempted(None, signal_name=name)
+    return
+  logging.warning("%s: stopping at the next safe point (a loop boundary, or the end of "
+                  "the current phase), then exiting 42", name)
+
+
+def _arm_watchdog(stop: Preempted) -> None:
+  """Exits 42 after `_WATCHDOG_SECONDS`, saying so unless the run already did: a
+  plug-in stuck in native code never lets the raised Preempted through."""
+  def expire():
+    if not _reported.is_set():
+      line = (f"distloop: {stop} (the process did not stop within {_WATCHDOG_SECONDS:.0f} s "
+              f"of the signal, stuck outside Python: ended at once)\n")
+      try:
+        os.write(2, line.encode())
+      except OSError:
+        pass
+    for undo in list(_before_forced_exit):
+      try:
+        undo()
+      except Exception:  # pylint: disable=broad-except  (exiting anyway)
+        pass
+    os._exit(42)  # pylint: disable=protected-access
+  watchdog = threading.Timer(_WATCHDOG_SECONDS, expire)
+  watchdog.daemon = True
+  watchdog.start()
 
 
 def requested() -> bool:
-  """True once SIGTERM/SIGINT arrived in this process (a local view: see stop_agreed)."""
+  """True once SIGTERM/SIGINT/SIGHUP arrived in this process (a local view: see stop_agreed)."""
   return _requested.is_set()
 
 

@@ -1,11 +1,12 @@
-"""Failed writes to model_dir as one line: what, where, why, and the space it needed.
+"""Failed writes to model_dir (and failed checkpoint reads) as one line: what, where,
+why, and the space it needed.
 
-A full disk, a read-only file system or a denied permission reach us in three
-shapes: an OSError (our own files), a ValueError whose text names the OS error
-(orbax writes through tensorstore, in a background thread) and a TensorFlow
-OpError (SavedModel). `reason()` recognises all three; `failure()` turns one
-into the StorageError the CLI prints as one line (exit 1). Anything else is a
-bug, not the disk's fault, and keeps its traceback.
+A full disk, a read-only file system, a denied permission or an I/O error (a network
+file system gone away) reach us in three shapes: an OSError (our own files), a
+ValueError whose text names the OS error (orbax reads and writes through tensorstore,
+in a background thread) and a TensorFlow OpError (SavedModel). `reason()` recognises
+all three; `failure()` turns one into the StorageError the CLI prints as one line
+(exit 1). Anything else is a bug, not the disk's fault, and keeps its traceback.
 """
 import errno
 import os
@@ -13,7 +14,12 @@ import re
 
 from trainer.errors import StorageError
 
-_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+# A full or read-only disk, a denied permission, and the I/O failures of a sick disk
+# or a network file system (a server gone, a stale handle, a timeout): the storage's
+# fault, never the content's (a read failing so is not a corrupt checkpoint).
+_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+           errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.ETIMEDOUT, errno.EHOSTDOWN,
+           errno.EHOSTUNREACH, errno.ECONNRESET, errno.ENOLINK, errno.EREMOTEIO)
 _REASONS = tuple(os.strerror(code) for code in _ERRNOS)
 
 
@@ -66,6 +72,13 @@ def failure(what: str, where: str, error: BaseException,
     sizes.append(f"{_size(free)} free there")
   detail = f" ({'; '.join(sizes)})" if sizes else ""
   return StorageError(f"cannot write {what} to {where}: {reason(error) or error}{detail}")
+
+
+def read_failure(what: str, where: str, error: BaseException) -> StorageError:
+  """The one line for a read: `cannot read WHAT in WHERE: REASON; nothing was moved ...`."""
+  return StorageError(f"cannot read {what} in {where}: {reason(error) or error}; nothing was "
+                      f"moved or deleted: make it readable (permissions, the file system) and "
+                      f"run again")
 
 
 def _size(count: int) -> str:

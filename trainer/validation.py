@@ -27,6 +27,7 @@ LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mean_square
 METRICS = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
            "mean_squared_error")
 BEST_MODES = ("max", "min")
+IF_UNREADABLE = ("stop", "start_over")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -84,6 +85,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     f"(choose from: {', '.join(reported)})")
   if config.checkpoint.init_from and not os.path.isdir(config.checkpoint.init_from):
     raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
+  if config.checkpoint.init_partial and not config.checkpoint.init_from:
+    raise UserError("checkpoint.init_partial=true applies to a warm start: set "
+                    "checkpoint.init_from too, or drop init_partial")
+  _one_of(config, "checkpoint.if_unreadable", IF_UNREADABLE)
 
   _one_of(config, "runtime.strategy", STRATEGIES)
   _positive(config, "runtime.num_cpu_devices")
