@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from trainer import config_file
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
@@ -36,9 +37,15 @@ from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
 
+# No default here: trainer/config_file.py chooses it (a model_dir's config.json, or
+# synthetic) and inserts it, so that a config always loads through its Parser.
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", default=configs.path_of("synthetic"), lock_config=True,
-    help_string=f"a config name ({', '.join(configs.NAMES)}) or a path to a config file")
+    "config", default=None, lock_config=True,
+    help_string=f"a config name ({', '.join(configs.NAMES)}), a path to a config file, or a "
+                f"model_dir's config.json; default: model_dir's config.json if there is one, "
+                f"else synthetic")
+flags.FLAGS["config"].parser = config_file.Parser(lock_config=True)
+_config_used = ""  # which config this run uses, in words (set by _parse_flags)
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
                                  required=True)
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
@@ -57,7 +64,9 @@ def main(argv):
   # deadlock the exit (its thread waits for the GIL forever).
   immediately = False
   try:
-    return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
+    config = _load_config()
+    logging.info("Config: %s", _config_used)
+    return _run(config, _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     code, line = EXIT_BAD_INPUT, str(e)
   except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
@@ -270,30 +279,13 @@ def _load_config():
   return config
 
 
-def _resolve_config_name(argv: list[str]) -> list[str]:
-  """`--config=NAME` -> `--config=<configs>/NAME.py`; paths to .py files pass through."""
-  resolved = list(argv)
-  for i, arg in enumerate(resolved):
-    for prefix in ("--config=", "-config="):
-      if arg.startswith(prefix):
-        resolved[i] = prefix + _config_path(arg[len(prefix):])
-    if arg in ("--config", "-config") and i + 1 < len(resolved):
-      resolved[i + 1] = _config_path(resolved[i + 1])
-  return resolved
-
-
-def _config_path(value: str) -> str:
-  if value.endswith(".py") or os.sep in value:
-    return value
-  if value not in configs.NAMES:
-    _fail(EXIT_BAD_INPUT, f"unknown config {value!r} (choose from: {', '.join(configs.NAMES)}, "
-                          f"or give a path to a config .py file)")
-  return configs.path_of(value)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
+  global _config_used
   try:
-    return flags.FLAGS(_resolve_config_name(argv))
+    resolved, _config_used = config_file.choose(argv)
+    return flags.FLAGS(resolved)
+  except config_file.ConfigFileError as e:
+    _fail(EXIT_BAD_INPUT, e)
   except flags.Error as e:
     _fail(EXIT_BAD_INPUT, e)
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no field

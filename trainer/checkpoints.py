@@ -119,8 +119,10 @@ class Checkpoints:
   """
 
   def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool,
-               keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max"):
+               keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max",
+               mismatch_advice: str = "use another --model_dir"):
     self.directory = os.path.abspath(directory)
+    self._mismatch_advice = mismatch_advice  # what a refusal of another model's step says to do
     self._writer = writer
     self._best_metric = best_metric
     if writer:
@@ -206,7 +208,8 @@ class Checkpoints:
       metadata = self._settled().item_metadata(step)
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
-                       getattr(metadata[item], "tree", metadata[item]), target)
+                       getattr(metadata[item], "tree", metadata[item]), target,
+                       self._mismatch_advice)
       restored = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore(),
           **{item: ocp.args.StandardRestore(target) for item, target in targets.items()}))
@@ -310,7 +313,8 @@ def read_model_weights(path: str, model_target: dict) -> tuple[dict, str]:
   return model_tree, os.path.join(path, str(step))
 
 
-def _check_matches(where: str, stored_tree, target: dict) -> None:
+def _check_matches(where: str, stored_tree, target: dict,
+                   advice: str = "use another --model_dir") -> None:
   """UserError unless the stored arrays have the keys and shapes of `target`."""
   stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
   wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
@@ -320,12 +324,11 @@ def _check_matches(where: str, stored_tree, target: dict) -> None:
     detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
               else f"the checkpoint has {extra[0]}, this config does not")
     raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
-                    f"use another --model_dir")
+                    f"{advice}")
   for key in sorted(wanted):
     if stored[key] != wanted[key]:
       raise UserError(f"{where} was written by a different model: {key} has shape "
-                      f"{stored[key]} there, {wanted[key]} in this config; "
-                      f"use another --model_dir")
+                      f"{stored[key]} there, {wanted[key]} in this config; {advice}")
 
 
 def _first_line(error: Exception) -> str:

@@ -148,7 +148,8 @@ class Trainer:
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
         keep_period=config.checkpoint.keep_period,
-        async_save=config.checkpoint.async_save, writer=writer)
+        async_save=config.checkpoint.async_save, writer=writer,
+        mismatch_advice=outputs.mismatch_advice(model_dir, training=not read_only))
     self._best_checkpoints = checkpoints.Checkpoints(
         outputs.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
         best_metric=config.checkpoint.best_metric, best_mode=config.checkpoint.best_mode,

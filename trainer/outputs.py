@@ -30,6 +30,18 @@ def config_path(model_dir: str) -> str:
   return os.path.join(model_dir, "config.json")
 
 
+def mismatch_advice(model_dir: str, *, training: bool) -> str:
+  """What to do when model_dir's checkpoints are another model's than this config's."""
+  recorded = config_path(model_dir)
+  if not os.path.isfile(recorded):
+    return "use another --model_dir"
+  if training:
+    return (f"this model_dir was trained with {recorded}: omit --config to resume with it, "
+            f"or use another --model_dir")
+  return (f"this model_dir was trained with {recorded}: omit --config, or pass "
+          f"--config={recorded}")
+
+
 def write_json(path: str, value: dict) -> None:
   """Write-then-rename: readers never see half a file. A full disk or a denied
   write raises StorageError (one line) and leaves the previous file as it was."""
