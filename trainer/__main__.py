@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from trainer import config_changes
 from trainer import config_file
 from trainer import continuous_eval
 from trainer import logs
@@ -95,14 +96,14 @@ def main(argv):
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
   with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
-  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise UserError(f"--model_dir={model_dir} exists and is not a directory")
+  outputs.check_layout(model_dir)
   if checkpoint_step is not None and mode != "eval":
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
     return _serve()
   _stop_if_signalled(config)
   if mode in ("train", "train_and_eval"):
+    config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
     step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
       print(f"Already finished at step {step} in {model_dir}; nothing to do "
@@ -164,25 +165,34 @@ def _writer(model_dir: str):
   """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
 
   Taken after every check that needs no model (so a refused run never creates
-  model_dir); a refusal inside the block (another model's checkpoint) removes the
-  lock file, and model_dir if taking the lock created it. With the lock held,
-  unfinished orbax temporaries cannot be another live writer's: they are removed.
+  model_dir); a refusal inside the block (another model's checkpoint, bad data found
+  by the model's checks or in training) removes the lock file, and model_dir if
+  taking the lock created it and it holds no results. With the lock held, unfinished
+  orbax temporaries cannot be another live writer's: they are removed. A directory
+  that cannot be written fails here (exit 1), not at the first save after training.
   """
   from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
   lock = writer_lock.WriterLock.acquire(model_dir)
   refused = False
   try:
+    outputs.check_writable(model_dir)
     for directory in (outputs.checkpoint_dir(model_dir), outputs.best_checkpoint_dir(model_dir)):
       removed = checkpoints.remove_temporaries(directory)
       if removed:
         logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
                      len(removed), directory, ", ".join(removed))
     yield lock
-  except UserError:
-    refused = True
+  except Exception as e:  # pylint: disable=broad-except  (re-raised)
+    refused = _is_bad_input(e) and not outputs.holds_results(model_dir)
     raise
   finally:
     lock.release(refused=refused)
+
+
+def _is_bad_input(error: Exception) -> bool:
+  """Whether main() reports `error` as bad input (exit 2)."""
+  return (isinstance(error, (UserError, input_pipelines.DataError))
+          or _data_error_inside(error) is not None or _XLA_NOT_DETERMINISTIC in str(error))
 
 
 def _stop_if_signalled(config) -> None:

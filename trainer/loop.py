@@ -192,7 +192,7 @@ class Trainer:
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
-      outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
+      outputs.record_config(self.model_dir, config.to_dict(), position.step)
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
