@@ -47,5 +47,5 @@ def _merge(config: ml_collections.ConfigDict, values: dict, prefix: str) -> None
     try:
       config[key] = value
     except TypeError:
-      raise ValueError(f"{field}={value!r} is not a {type(config[key]).__name__} "
+      raise ValueError(f"{field}={value!r} must be of type {type(config[key]).__name__} "
                        f"(configs/common.py)") from None

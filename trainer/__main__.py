@@ -65,9 +65,7 @@ def main(argv):
   # deadlock the exit (its thread waits for the GIL forever).
   immediately = False
   try:
-    config = _load_config()
-    logging.info("Config: %s", _config_used)
-    return _run(config, _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
+    return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except (UserError, input_pipelines.DataError) as e:
     code, line = EXIT_BAD_INPUT, str(e)
   except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
@@ -138,7 +136,9 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
       _log_summary(summary, model_dir)
       return EXIT_OK
+    # Which config a mode used: logged once past the refusals that are one line alone.
     if mode == "continuous_eval":
+      logging.info("continuous_eval with %s", _config_used)
       continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
@@ -150,6 +150,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
     if preemption.requested():  # eval and export are single-process: decide locally
       raise Preempted(position.step)
+    logging.info("%s of step %d with %s", mode, position.step, _config_used)
     if mode == "eval":
       result = trainer.evaluate(position.step)
       print(json.dumps({"step": position.step, **result}))
@@ -231,11 +232,12 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       "  eval      %s | %d examples\n"
       "  train     %s | %.0f examples/s (steady state)\n"
       "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
-      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)",
+      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)\n"
+      "  config    %s",
       summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
       summary["eval_examples"], values("train"), summary["examples_per_sec"],
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
-      summary["checkpoint_time_sec"], os.path.abspath(model_dir))
+      summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
 
 
 _XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"

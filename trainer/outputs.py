@@ -135,10 +135,10 @@ def record_config(model_dir: str, config_dict: dict, step: int) -> None:
       stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(os.path.getmtime(config_path(model_dir))))
       write_json(os.path.join(history, f"{stamp}_earlier.json"), earlier)
       previous = earlier
+  write_json(config_path(model_dir), config_dict)  # first: a full disk leaves nothing else
   if previous != config_dict:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     write_json(os.path.join(history, f"{stamp}_step{step}.json"), config_dict)
-  write_json(config_path(model_dir), config_dict)
 
 
 def _read_json(path: str):
