@@ -1,8 +1,10 @@
 """`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
 
 Order matters here: SIGTERM/SIGINT are caught before anything else (a signal
-at any moment is a request to stop, trainer/preemption.py); flags, config and data
-are checked before TensorFlow is imported and before anything is written, so bad
+at any moment is a request to stop, trainer/preemption.py); flags, config (chosen
+and loaded by trainer/config_file.py; a resume's changes checked by
+trainer/config_changes.py), model_dir's shape and data are checked before
+TensorFlow is imported and before anything is written, so bad
 input costs a second and leaves model_dir untouched; the writer lock on model_dir
 is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
 input, 42 preempted.
