@@ -54,9 +54,9 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
   recorded = os.path.join(model_dir, "config.json") if model_dir else None
   if recorded and os.path.isfile(recorded):
     spec = f"{_RECORDED}:{recorded}"
-  elif mode in READING_MODES:
+  elif mode in READING_MODES and recorded:  # no --model_dir at all: absl says so
     raise ConfigFileError(
-        f"--mode={mode}: no {recorded or 'config.json'} to read the model's config from "
+        f"--mode={mode}: no {recorded} to read the model's config from "
         f"(nothing trained there yet?); pass the training run's --config and overrides")
   else:
     spec = configs.path_of(_DEFAULT)
