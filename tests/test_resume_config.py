@@ -10,6 +10,7 @@ import pytest
 
 from tests.cli import run_trainer, train_ok
 from trainer import config_changes
+from trainer import outputs
 
 _FLAGS = ["--config=synthetic", "--config.train.steps_per_loop=2",
           "--config.data.num_train_examples=256", "--config.data.num_eval_examples=64"]
@@ -91,3 +92,14 @@ def test_which_fields_a_resume_may_change():
                 "checkpoint.max_to_keep", "checkpoint.interval", "runtime.strategy",
                 "runtime.num_cpu_devices"):
     assert not config_changes.is_fixed(field), field
+
+
+def test_a_config_json_from_before_the_history_is_kept(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({"train": {"steps": 2}}))
+  outputs.record_config(str(tmp_path), {"train": {"steps": 4}}, step=2)
+  outputs.record_config(str(tmp_path), {"train": {"steps": 4}}, step=3)  # the same: no entry
+  history = sorted(os.listdir(tmp_path / "config_history"))
+  assert [name.split("_", 1)[1] for name in history] == ["earlier.json", "step2.json"]
+  assert json.loads((tmp_path / "config_history" / history[0]).read_text()) == {
+      "train": {"steps": 2}}
+  assert json.loads((tmp_path / "config.json").read_text()) == {"train": {"steps": 4}}
