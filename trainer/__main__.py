@@ -2,8 +2,10 @@
 
 Order matters here: SIGTERM/SIGINT/SIGHUP are caught before anything else (a signal
 at any moment is a request to stop, trainer/preemption.py; during start-up it ends
-the run within seconds, a hung plug-in or config included); flags, config and data
-are checked before TensorFlow is imported and before anything is written, so bad
+the run within seconds, a hung plug-in or config included); flags, config (chosen
+and loaded by trainer/config_file.py; a resume's changes checked by
+trainer/config_changes.py), model_dir's shape and data are checked before
+TensorFlow is imported and before anything is written, so bad
 input costs a second and leaves model_dir untouched; the writer lock on model_dir
 is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
 input, 42 preempted.
@@ -26,6 +28,8 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from trainer import config_changes
+from trainer import config_file
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
@@ -37,9 +41,15 @@ from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
 
+# No default here: trainer/config_file.py chooses it (a model_dir's config.json, or
+# synthetic) and inserts it, so that a config always loads through its Parser.
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", default=configs.path_of("synthetic"), lock_config=True,
-    help_string=f"a config name ({', '.join(configs.NAMES)}) or a path to a config file")
+    "config", default=None, lock_config=True,
+    help_string=f"a config name ({', '.join(configs.NAMES)}), a path to a config file, or a "
+                f"model_dir's config.json; default: model_dir's config.json if there is one, "
+                f"else synthetic")
+flags.FLAGS["config"].parser = config_file.Parser(lock_config=True)
+_config_used = ""  # which config this run uses, in words (set by _parse_flags)
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
                                  required=True)
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
@@ -87,8 +97,7 @@ def main(argv):
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
   with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
-  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise UserError(f"--model_dir={model_dir} exists and is not a directory")
+  outputs.check_layout(model_dir)
   if checkpoint_step is not None and mode != "eval":
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if _is_parameter_server_task(config):
@@ -96,6 +105,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     return _serve()
   _stop_if_signalled(config)
   if mode in ("train", "train_and_eval"):
+    config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
     step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
       print(f"Already finished at step {step} in {model_dir}; nothing to do "
@@ -133,7 +143,9 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
       _log_summary(summary, model_dir)
       return EXIT_OK
+    # Which config a mode used: logged once past the refusals that are one line alone.
     if mode == "continuous_eval":
+      logging.info("continuous_eval with %s", _config_used)
       continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
@@ -145,6 +157,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
     if preemption.requested():  # eval and export are single-process: decide locally
       raise Preempted(position.step)
+    logging.info("%s of step %d with %s", mode, position.step, _config_used)
     if mode == "eval":
       result = trainer.evaluate(position.step)
       print(json.dumps({"step": position.step, **result}))
@@ -160,16 +173,19 @@ def _writer(model_dir: str):
   """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
 
   Taken after every check that needs no model (so a refused run never creates
-  model_dir); a refusal inside the block (another model's checkpoint), or a signal
-  before training (a hung model builder: trainer/preemption.py), removes the lock
-  file, and model_dir if taking the lock created it. With the lock held,
-  unfinished orbax temporaries cannot be another live writer's: they are removed.
+  model_dir); a refusal inside the block (another model's checkpoint, bad data found
+  by the model's checks or in training), or a signal before training (a hung model
+  builder: trainer/preemption.py), removes the lock file, and model_dir if taking the
+  lock created it and it holds no results. With the lock held, unfinished orbax
+  temporaries cannot be another live writer's: they are removed. A directory that
+  cannot be written fails here (exit 1), not at the first save after training.
   """
   from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
   lock = writer_lock.WriterLock.acquire(model_dir)
   refused = False
   try:
     with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
+      outputs.check_writable(model_dir)
       for directory in (outputs.checkpoint_dir(model_dir),
                         outputs.best_checkpoint_dir(model_dir)):
         removed = checkpoints.remove_temporaries(directory)
@@ -177,14 +193,20 @@ def _writer(model_dir: str):
           logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
                        len(removed), directory, ", ".join(removed))
       yield lock
-  except UserError:
-    refused = True
+  except Exception as e:  # pylint: disable=broad-except  (re-raised)
+    refused = _is_bad_input(e) and not outputs.holds_results(model_dir)
     raise
-  except Preempted as e:
-    refused = e.step is None  # stopped before training: leave model_dir as a refusal does
+  except Preempted as e:  # stopped before training: leave model_dir as a refusal does
+    refused = e.step is None and not outputs.holds_results(model_dir)
     raise
   finally:
     lock.release(refused=refused)
+
+
+def _is_bad_input(error: Exception) -> bool:
+  """Whether main() reports `error` as bad input (exit 2)."""
+  return (isinstance(error, (UserError, input_pipelines.DataError))
+          or _data_error_inside(error) is not None or _XLA_NOT_DETERMINISTIC in str(error))
 
 
 def _stop_if_signalled(config) -> None:
@@ -223,11 +245,12 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       "  eval      %s | %d examples\n"
       "  train     %s | %.0f examples/s (steady state)\n"
       "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
-      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)",
+      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)\n"
+      "  config    %s",
       summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
       summary["eval_examples"], values("train"), summary["examples_per_sec"],
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
-      summary["checkpoint_time_sec"], os.path.abspath(model_dir))
+      summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
 
 
 _XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"
@@ -281,30 +304,13 @@ def _load_config():
   return config
 
 
-def _resolve_config_name(argv: list[str]) -> list[str]:
-  """`--config=NAME` -> `--config=<configs>/NAME.py`; paths to .py files pass through."""
-  resolved = list(argv)
-  for i, arg in enumerate(resolved):
-    for prefix in ("--config=", "-config="):
-      if arg.startswith(prefix):
-        resolved[i] = prefix + _config_path(arg[len(prefix):])
-    if arg in ("--config", "-config") and i + 1 < len(resolved):
-      resolved[i + 1] = _config_path(resolved[i + 1])
-  return resolved
-
-
-def _config_path(value: str) -> str:
-  if value.endswith(".py") or os.sep in value:
-    return value
-  if value not in configs.NAMES:
-    _fail(EXIT_BAD_INPUT, f"unknown config {value!r} (choose from: {', '.join(configs.NAMES)}, "
-                          f"or give a path to a config .py file)")
-  return configs.path_of(value)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
+  global _config_used
   try:
-    return flags.FLAGS(_resolve_config_name(argv))
+    resolved, _config_used = config_file.choose(argv)
+    return flags.FLAGS(resolved)
+  except config_file.ConfigFileError as e:
+    _fail(EXIT_BAD_INPUT, e)
   except flags.Error as e:
     _fail(EXIT_BAD_INPUT, e)
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no field

@@ -119,8 +119,10 @@ class Checkpoints:
   """
 
   def __init__(self, directory: str, *, max_to_keep: int, async_save: bool, writer: bool,
-               keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max"):
+               keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max",
+               mismatch_advice: str = "use another --model_dir"):
     self.directory = os.path.abspath(directory)
+    self._mismatch_advice = mismatch_advice  # what a refusal of another model's step says to do
     self._writer = writer
     self._best_metric = best_metric
     if writer:
@@ -194,11 +196,11 @@ class Checkpoints:
         meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
-              *, advice: str = "use another --model_dir"):
+              *, advice: str | None = None):
     """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
 
     Raises UserError if the step was written by another model (checked before
-    anything is read; `advice` ends its line), StorageError if the storage refuses
+    anything is read; `advice`, else the manager's, ends its line), StorageError if the storage refuses
     the read (permission denied, an I/O error: the disk's fault, not the step's),
     CorruptCheckpoint if its content cannot be read (files deleted or truncated).
     """
@@ -209,7 +211,8 @@ class Checkpoints:
       metadata = self._settled().item_metadata(step)
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
-                       getattr(metadata[item], "tree", metadata[item]), target, advice)
+                       getattr(metadata[item], "tree", metadata[item]), target,
+                       advice or self._mismatch_advice)
       restored = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore(),
           **{item: ocp.args.StandardRestore(target) for item, target in targets.items()}))

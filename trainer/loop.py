@@ -155,7 +155,8 @@ class Trainer:
     self.checkpoints = checkpoints.Checkpoints(
         outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
         keep_period=config.checkpoint.keep_period,
-        async_save=config.checkpoint.async_save, writer=writer)
+        async_save=config.checkpoint.async_save, writer=writer,
+        mismatch_advice=outputs.mismatch_advice(model_dir, training=not read_only))
     self._best_checkpoints = checkpoints.Checkpoints(
         outputs.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
         best_metric=config.checkpoint.best_metric, best_mode=config.checkpoint.best_mode,
@@ -198,7 +199,7 @@ class Trainer:
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
-      outputs.write_json(outputs.config_path(self.model_dir), config.to_dict())
+      outputs.record_config(self.model_dir, config.to_dict(), position.step)
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())

@@ -6,12 +6,85 @@
   tensorboard/{train,eval}/
   export/<step>/        SavedModel (trainer/export.py)
   config.json           the resolved config of the last run started here
+  config_history/<UTC time>_step<N>.json   every config a run started with, from step N
+                        (a new entry only when it differs from the previous one)
   summary.json          written when a run finishes
+  .lock                 held by the writing trainer (trainer/writer_lock.py)
+
+`check_layout` refuses (exit 2, before anything is written) a model_dir where one
+of these paths is something else (`checkpoints` a file, `.lock` a directory, a
+symbolic link loop); `check_writable` finds a read-only directory at start-up,
+not at the first save after the training.
 """
 import json
 import os
+import tempfile
+import time
 
 from trainer import storage
+from trainer.errors import StorageError, UserError
+
+_DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
+                "config_history")
+_FILES = ("config.json", "summary.json", ".lock")
+_WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
+                        "config_history")
+
+
+def check_layout(model_dir: str) -> None:
+  """UserError unless model_dir is a directory (or can be made one) whose distloop
+  paths are what they must be."""
+  try:
+    os.stat(model_dir)
+  except FileNotFoundError:
+    if os.path.islink(model_dir):
+      raise UserError(f"--model_dir={model_dir} is a symbolic link to "
+                      f"{os.readlink(model_dir)!r}, which does not exist: create that "
+                      f"directory, or use another --model_dir") from None
+    return  # the run creates it
+  except OSError as e:  # ELOOP (a symbolic link loop), ENOTDIR (a parent is a file), EACCES
+    raise UserError(f"--model_dir={model_dir} cannot be used: {e.strerror}; use another "
+                    f"--model_dir") from None
+  if not os.path.isdir(model_dir):
+    raise UserError(f"--model_dir={model_dir} exists and is not a directory")
+  for name in _DIRECTORIES:
+    path = os.path.join(model_dir, name)
+    if os.path.lexists(path) and not os.path.isdir(path):
+      raise UserError(f"{path} is not a directory: distloop keeps its {name} there; move it "
+                      f"away, or use another --model_dir")
+  for name in _FILES:
+    path = os.path.join(model_dir, name)
+    if os.path.lexists(path) and not os.path.isfile(path):
+      raise UserError(f"{path} is not a regular file (distloop writes its {name} there); "
+                      f"move it away, or use another --model_dir")
+
+
+def check_writable(model_dir: str) -> None:
+  """StorageError (exit 1) unless model_dir and each directory the run writes that
+  already exists take a new entry: a real probe (a directory created and removed), as
+  permission bits say nothing to root and nothing about a read-only mount."""
+  for directory in (model_dir, *(os.path.join(model_dir, name) for name in _WRITTEN_DIRECTORIES)):
+    if not os.path.isdir(directory):
+      continue
+    try:
+      os.rmdir(tempfile.mkdtemp(prefix=".distloop-probe-", dir=directory))
+    except OSError as e:
+      if storage.reason(e) is None:
+        raise
+      raise StorageError(f"{storage.failure('files', directory, e)}; found at start-up: "
+                         f"nothing was trained (make it writable, or use another "
+                         f"--model_dir)") from None
+
+
+def holds_results(model_dir: str) -> bool:
+  """Whether model_dir holds a checkpoint, an export or a summary: work to keep."""
+  for name in ("checkpoints", "checkpoints_best", "export"):
+    try:
+      if os.listdir(os.path.join(model_dir, name)):
+        return True
+    except OSError:
+      pass
+  return os.path.lexists(summary_path(model_dir))
 
 
 def checkpoint_dir(model_dir: str) -> str:
@@ -28,6 +101,52 @@ def summary_path(model_dir: str) -> str:
 
 def config_path(model_dir: str) -> str:
   return os.path.join(model_dir, "config.json")
+
+
+def mismatch_advice(model_dir: str, *, training: bool) -> str:
+  """What to do when model_dir's checkpoints are another model's than this config's."""
+  recorded = config_path(model_dir)
+  if not os.path.isfile(recorded):
+    return "use another --model_dir"
+  if training:
+    return (f"this model_dir was trained with {recorded}: omit --config to resume with it, "
+            f"or use another --model_dir")
+  return (f"this model_dir was trained with {recorded}: omit --config, or pass "
+          f"--config={recorded}")
+
+
+def config_history_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "config_history")
+
+
+def record_config(model_dir: str, config_dict: dict, step: int) -> None:
+  """config.json := this run's config; config_history/ keeps every config a run
+  started with (a new `<UTC time>_step<N>.json` when it differs from the last one;
+  a config.json written before config_history/ existed is kept there first)."""
+  history = config_history_dir(model_dir)
+  try:
+    entries = sorted(name for name in os.listdir(history) if name.endswith(".json"))
+  except OSError:
+    entries = []
+  previous = _read_json(os.path.join(history, entries[-1])) if entries else None
+  if not entries:
+    earlier = _read_json(config_path(model_dir))
+    if earlier is not None and earlier != config_dict:
+      stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(os.path.getmtime(config_path(model_dir))))
+      write_json(os.path.join(history, f"{stamp}_earlier.json"), earlier)
+      previous = earlier
+  write_json(config_path(model_dir), config_dict)  # first: a full disk leaves nothing else
+  if previous != config_dict:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    write_json(os.path.join(history, f"{stamp}_step{step}.json"), config_dict)
+
+
+def _read_json(path: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
 
 
 def write_json(path: str, value: dict) -> None:

@@ -17,6 +17,7 @@ one at the path, so a release racing an acquire never yields two holders.
 import errno
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -75,8 +76,13 @@ class WriterLock:
     return cls(path, fd, created)
 
   def release(self, *, refused: bool = False) -> None:
-    """Removes the lock file, then unlocks. `refused`: the run was bad input, so a
-    model_dir that acquiring created is removed too (it holds nothing else)."""
+    """Removes the lock file, then unlocks. `refused`: the run was bad input and wrote
+    nothing worth keeping (the caller knows what that is), so a model_dir that
+    acquiring created is removed too, with what the refused run put in it (its
+    config.json, an empty tensorboard/): a refused run leaves no model_dir behind."""
+    model_dir = os.path.dirname(self.path)
+    if refused and self.created_model_dir and self._fd is not None:
+      shutil.rmtree(model_dir, ignore_errors=True)  # still locked: nobody else writes it
     if self._fd is not None:
       try:
         os.remove(self.path)
@@ -86,7 +92,7 @@ class WriterLock:
       self._fd = None
     if refused and self.created_model_dir:
       try:
-        os.rmdir(os.path.dirname(self.path))
+        os.rmdir(model_dir)
       except OSError:
         pass  # something else is in it now: keep it
 
