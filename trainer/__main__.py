@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from input_pipelines import memory
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
@@ -103,6 +104,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   # download path does import TensorFlow, hence the silenced start-up lines.)
   with logs.native_startup_silenced():
     splits = input_pipelines.load(config.data, config.runtime.seed)
+    from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer import loop  # pylint: disable=g-import-not-at-top
     from trainer import runtime  # pylint: disable=g-import-not-at-top
     runtime.configure(config.runtime)
@@ -110,9 +112,15 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     runtime.seed(config.runtime)
   preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  training = mode in ("train", "train_and_eval")
+  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
+                       eval_batch=config.eval.global_batch_size,
+                       processes=runtime.num_workers(strategy))
+  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
+    if isinstance(source, input_pipelines.StreamSource):
+      batching.example_spec(source)
   _stop_if_signalled(config)
 
-  training = mode in ("train", "train_and_eval")
   with (_writer(model_dir) if training and runtime.is_chief(strategy)
         else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits)

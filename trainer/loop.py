@@ -16,6 +16,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+import input_pipelines
 import models
 from input_pipelines import batching
 from input_pipelines.sources import Source
@@ -33,6 +34,7 @@ from trainer import outputs
 from trainer import periodic
 from trainer import plugins
 from trainer import preemption
+from trainer import preprocess
 from trainer import profiling
 from trainer import progress
 from trainer import runtime
@@ -115,7 +117,8 @@ class Trainer:
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
-    self._preprocess = _preprocess_fn(config.data.preprocess)
+    batching.example_spec(self.eval_source)  # a tf.data stream's elements: checked up front
+    self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     loss_fn = losses.resolve(config.train.loss)
     metric_fns = metrics.resolve(config.eval, config.train.loss)
     self._metric_names = list(metric_fns)  # eval_<name> and train_<name>, in config order
@@ -129,7 +132,8 @@ class Trainer:
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
-      self.model = models.build(config.model, self.features_spec)
+      self._model_config = _model_config(config, splits)  # num_classes=0 resolved
+      self.model = models.build(self._model_config, self.features_spec)
       compatibility.check(config, self.model, loss_fn, metric_fns, *self._probe,
                           self.train_source, self.eval_source)  # also builds a subclassed model
       self.optimizer = optimizers.create(config.train)
@@ -499,8 +503,12 @@ class Trainer:
     destination = export.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
+    config = self.config
+    if self._model_config is not config.model:  # the export rebuilds the model: same classes
+      config = ml_collections.ConfigDict(config.to_dict())
+      config.model = self._model_config
     export.export_saved_model(
-        self.config, [variable.numpy() for variable in self.model.variables],
+        config, [variable.numpy() for variable in self.model.variables],
         self.features_spec, self.train_source.feature_name, destination)
     logging.info("Exported SavedModel to %s", destination)
     return destination
@@ -532,16 +540,25 @@ def _looks_like_images(features) -> bool:
           and (features.dtype.is_floating or features.dtype == tf.uint8))
 
 
-def _preprocess_fn(spec: str):
-  """data.preprocess as a tf.data function whose errors name the plug-in; None if unset."""
-  if not spec:
-    return None
-  function = plugins.resolve("data.preprocess", spec)
-
-  def preprocess(features, labels, seed):
-    result = plugins.call("data.preprocess", spec, function, features, labels, seed)
-    if not isinstance(result, tuple) or len(result) != 2:
-      raise plugins.UserError(f"data.preprocess={spec!r} must return (features, labels), "
-                              f"got {type(result).__name__}")
-    return result
-  return preprocess
+def _model_config(config: ml_collections.ConfigDict, splits: tuple[Source, Source]
+                  ) -> ml_collections.ConfigDict:
+  """config.model with `num_classes` resolved: 0 means "from the data" (the class folders,
+  the MNIST family's 10, the largest integer label + 1). A built-in model that needs it is
+  refused when the data cannot say; a user's builder gets 0 then. The recorded config
+  keeps 0, as given."""
+  model_config = config.model
+  if model_config.num_classes:
+    return model_config
+  found = input_pipelines.num_classes(*splits)
+  if found is None:
+    if model_config.name in models.NEEDS_NUM_CLASSES:
+      raise plugins.UserError(
+          f"model.num_classes=0 (from the data), but data.name={config.data.name!r} cannot say "
+          f"how many classes it has (labels that are not integer class ids, or a tf.data "
+          f"stream); set model.num_classes")
+    return model_config
+  count, source = found
+  logging.info("model.num_classes=%d, from the data (%s)", count, source)
+  model_config = ml_collections.ConfigDict(model_config.to_dict())
+  model_config.num_classes = count
+  return model_config
