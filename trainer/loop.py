@@ -132,7 +132,7 @@ class Trainer:
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
-      self._model_config = _model_config(config, splits)  # num_classes=0 resolved
+      self._model_config, self._num_classes_from = _model_config(config, splits)
       self.model = models.build(self._model_config, self.features_spec)
       compatibility.check(config, self.model, loss_fn, metric_fns, *self._probe,
                           self.train_source, self.eval_source)  # also builds a subclassed model
@@ -201,6 +201,9 @@ class Trainer:
       self.summaries.sample_images(0, self._probe[0].numpy())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
+    if self._num_classes_from:
+      logging.info("model.num_classes=%d, from the data (%s)", self._model_config.num_classes,
+                   self._num_classes_from)
     logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels) from step %d to %d.",
                  config.model.name, config.data.name, self.strategy.num_replicas_in_sync,
                  config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
@@ -541,14 +544,14 @@ def _looks_like_images(features) -> bool:
 
 
 def _model_config(config: ml_collections.ConfigDict, splits: tuple[Source, Source]
-                  ) -> ml_collections.ConfigDict:
+                  ) -> tuple[ml_collections.ConfigDict, str | None]:
   """config.model with `num_classes` resolved: 0 means "from the data" (the class folders,
   the MNIST family's 10, the largest integer label + 1). A built-in model that needs it is
   refused when the data cannot say; a user's builder gets 0 then. The recorded config
-  keeps 0, as given."""
+  keeps 0, as given. Also returns what gave the count (for the start log), or None."""
   model_config = config.model
   if model_config.num_classes:
-    return model_config
+    return model_config, None
   found = input_pipelines.num_classes(*splits)
   if found is None:
     if model_config.name in models.NEEDS_NUM_CLASSES:
@@ -556,9 +559,8 @@ def _model_config(config: ml_collections.ConfigDict, splits: tuple[Source, Sourc
           f"model.num_classes=0 (from the data), but data.name={config.data.name!r} cannot say "
           f"how many classes it has (labels that are not integer class ids, or a tf.data "
           f"stream); set model.num_classes")
-    return model_config
+    return model_config, None
   count, source = found
-  logging.info("model.num_classes=%d, from the data (%s)", count, source)
   model_config = ml_collections.ConfigDict(model_config.to_dict())
   model_config.num_classes = count
-  return model_config
+  return model_config, source
