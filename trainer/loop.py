@@ -117,7 +117,6 @@ class Trainer:
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
-    batching.example_spec(self.eval_source)  # a tf.data stream's elements: checked up front
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     loss_fn = losses.resolve(config.train.loss)
     metric_fns = metrics.resolve(config.eval, config.train.loss)
