@@ -27,7 +27,9 @@ Eval: every example once, in source order. Eval batch k is examples
 may be empty on the last batch (it adds nothing to the sums).
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
-indexed: its training stream is `dataset.repeat()`; a run resumed at example p
+indexed; each time it is built its element spec is checked (fixed-shape
+examples, one label tensor: `StreamSource.check_element_spec`, a DataError
+naming the split otherwise). Its training stream is `dataset.repeat()`; a run resumed at example p
 skips the first p examples (`skip` reads and drops them: time proportional to
 p), so resume is exact when the callable builds the same elements in the same
 order every time. Every worker builds the whole stream and keeps its replicas'

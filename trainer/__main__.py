@@ -3,8 +3,10 @@
 Order matters here: SIGTERM/SIGINT are caught before anything else (a signal
 at any moment is a request to stop, trainer/preemption.py); flags, config and data
 are checked before TensorFlow is imported and before anything is written, so bad
-input costs a second and leaves model_dir untouched; the writer lock on model_dir
-is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
+input costs a second and leaves model_dir untouched; then, with the runtime up,
+the batch sizes against the splits and the memory available
+(input_pipelines/memory.py) and a tf.data stream's element spec; the writer
+lock on model_dir is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
 input, 42 preempted.
 """
 if __name__ == "__main__":  # first of all, before the heavier imports below
