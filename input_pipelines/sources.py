@@ -218,7 +218,7 @@ class IndexedSource(IndexableSource):
   def _call(self, indices: np.ndarray):
     try:
       batch = self.source[indices]
-    except (Exception, SystemExit) as e:  # pylint: disable=broad-except  (user code raises anything)
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except  (user code)
       raise DataError(f"{self.where}: reading {_examples(indices)} raised "
                       f"{type(e).__name__}: {str(e).strip()[:300]}") from None
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:

@@ -117,3 +117,21 @@ def test_integer_labels_give_the_class_count(tmp_path):
   result = run_trainer(model_dir, *_QUICK, _data("four_classes"), timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "model.num_classes=4, from the data" in result.stderr
+
+
+def test_batch_bounds_allow_full_batch_and_a_partial_eval_batch():
+  from input_pipelines import memory  # pylint: disable=g-import-not-at-top
+  from input_pipelines.errors import DataError  # pylint: disable=g-import-not-at-top
+  from input_pipelines.sources import ArraySource  # pylint: disable=g-import-not-at-top
+  train = ArraySource(np.zeros((256, 1024), np.float32), np.zeros(256, np.int64), where="train")
+  evaluation = ArraySource(np.zeros((10, 1024), np.float32), np.zeros(10, np.int64), where="eval")
+  memory.check_batches(train, evaluation, train_batch=256, eval_batch=500, available=1 << 40)
+  with pytest.raises(DataError, match=r"train.global_batch_size=257 is larger .* use at most 256"):
+    memory.check_batches(train, evaluation, train_batch=257, eval_batch=500, available=1 << 40)
+  # 2 batches of 128 examples of 4104 bytes: 1026 KiB; the eval batch counts its 10 examples.
+  with pytest.raises(DataError, match=r"train.global_batch_size=128 needs at least 1.0 MiB .* "
+                                      r"has 1000.0 KiB available"):
+    memory.check_batches(train, evaluation, train_batch=128, eval_batch=500, available=1_024_000)
+  memory.check_batches(train, evaluation, train_batch=128, eval_batch=500, available=1_024_000,
+                       processes=2)  # each of 2 workers holds half of every batch
+  assert memory.available_bytes() > 0
