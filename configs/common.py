@@ -12,7 +12,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "mnist_cnn"      # mnist_cnn | mlp | tabular, or MODULE:FUNCTION (your own builder)
-  config.model.num_classes = 10        # mnist_cnn, mlp: outputs (logits) of the last layer
+  config.model.num_classes = 0         # mnist_cnn, mlp: outputs (logits) of the last layer; 0 = from the data (class folders, MNIST's 10, largest integer label + 1)
   config.model.conv_filters = 32       # mnist_cnn: filters of the 3x3 convolution
   config.model.dense_units = 64        # mnist_cnn: units of the hidden dense layer
   config.model.mlp_units = 128         # mlp: units of the hidden dense layer

@@ -1,10 +1,11 @@
 """Your own images in class folders: data.dir/train/<class>/<image> (and test/).
 
 The seed CNN on images decoded from disk as it trains, so they need not fit in
-memory. model.num_classes must equal the number of class folders in train/:
+memory. The model has one logit per class folder in train/ (model.num_classes=0:
+from the data; a value given is checked against the folders):
 
   python -m trainer --config=image_folder --model_dir=/tmp/distloop/flowers \
-      --config.data.dir=/data/flowers --config.model.num_classes=5
+      --config.data.dir=/data/flowers
 
 Without a test/ folder, data.eval_fraction of every class is held out (chosen
 by runtime.seed). Any image size is resized to data.image_size squared.
@@ -17,7 +18,7 @@ from configs import common
 def get_config() -> ml_collections.ConfigDict:
   config = common.base_config()
   config.model.name = "mnist_cnn"      # takes any [H, W, C]; num_classes logits
-  config.model.num_classes = 10        # set to the number of class folders in data.dir/train
+  config.model.num_classes = 0         # 0: the number of class folders in data.dir/train
   config.data.name = "image_folder"
   config.data.dir = ""                 # required: holds train/<class>/ (and test/<class>/)
   config.data.image_size = 32          # every image resized to 32 x 32 (bilinear)

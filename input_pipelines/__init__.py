@@ -15,7 +15,7 @@ import ml_collections
 
 from input_pipelines import sources
 from input_pipelines.errors import DataError
-from input_pipelines.sources import Source
+from input_pipelines.sources import Source, StreamSource
 from trainer import plugins
 
 _BUILTINS = {  # name -> (module, function); imported on first use
@@ -30,7 +30,7 @@ _BUILTINS = {  # name -> (module, function); imported on first use
 
 NAMES = tuple(_BUILTINS)
 
-__all__ = ["DataError", "NAMES", "Source", "builder", "load"]
+__all__ = ["DataError", "NAMES", "Source", "StreamSource", "builder", "load", "num_classes"]
 
 
 def builder(data_config: ml_collections.ConfigDict):
@@ -48,6 +48,9 @@ def load(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Source, Sou
     splits = build(data_config, seed)
   except (DataError, plugins.UserError):
     raise
+  except SystemExit as e:  # a plug-in ending the process would end the run with its code
+    raise plugins.UserError(f"data.name={data_config.name!r} called sys.exit({e.code!r}); a "
+                            f"data builder must return (train, eval) or raise") from None
   except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
     if data_config.name in _BUILTINS:
       raise
@@ -55,3 +58,11 @@ def load(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Source, Sou
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
                             ) from None
   return sources.as_splits(splits, f"data.name={data_config.name!r}")
+
+
+def num_classes(train: Source, evaluation: Source) -> tuple[int, str] | None:
+  """How many classes the data has (model.num_classes=0 takes it from here) and what says
+  so: image_folder's class folders, the MNIST family's 10, else the largest integer
+  label of both splits + 1. None if the data cannot say (float labels, a tf.data stream)."""
+  counts = [count for count in (train.class_count(), evaluation.class_count()) if count]
+  return max(counts, key=lambda count: count[0]) if counts else None

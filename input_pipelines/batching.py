@@ -29,7 +29,9 @@ nothing to the sums; trainer/steps.py make_eval_pass). Training slices never are
 the global batch divides by the replica count (runtime.check_batch_divisible).
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
-indexed: its training stream is `dataset.repeat()`; a run resumed at example p
+indexed; each time it is built its element spec is checked (fixed-shape
+examples, one label tensor: `StreamSource.check_element_spec`, a DataError
+naming the split otherwise). Its training stream is `dataset.repeat()`; a run resumed at example p
 skips the first p examples (`skip` reads and drops them: time proportional to
 p), so resume is exact when the callable builds the same elements in the same
 order every time. Every worker builds the whole stream and keeps its replicas'
@@ -43,6 +45,7 @@ import tensorflow as tf
 
 from input_pipelines import order
 from input_pipelines import read_log
+from input_pipelines.errors import DataError
 from input_pipelines.sources import ArraySource, IndexableSource, Source, StreamSource
 
 _FOREVER = np.iinfo(np.int64).max
@@ -143,10 +146,37 @@ def eval_dataset(source: Source, *, global_batch_size: int,
   return _finish(elements.map(element, num_parallel_calls=tf.data.AUTOTUNE))
 
 
+def example_spec(source: Source):
+  """(features, labels) spec of one example as `data.preprocess` receives it (traced, no
+  data read). A stream's dataset is built and its elements checked (fixed-shape examples,
+  one label tensor): DataError naming the split otherwise."""
+  if isinstance(source, StreamSource):
+    return _stream_examples(source).element_spec
+  read = _reader(source, "probe")
+  batch_spec = tf.data.Dataset.from_tensors(tf.zeros([1], tf.int64)).map(read).element_spec
+  return tf.nest.map_structure(lambda spec: tf.TensorSpec(spec.shape[1:], spec.dtype),
+                               batch_spec)
+
+
+def _stream_examples(source: StreamSource) -> tf.data.Dataset:
+  """The user's dataset, its element spec checked; DataError if building it fails."""
+  try:
+    dataset = source.make_dataset()
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except  (user code)
+    text = str(e).strip()
+    raise DataError(f"{source.where}: building the dataset raised {type(e).__name__}"
+                    f"{': ' + text.splitlines()[0][:300] if text else ''}") from None
+  if not isinstance(dataset, tf.data.Dataset):
+    raise DataError(f"{source.where}: the callable must return a tf.data.Dataset, got "
+                    f"{type(dataset).__name__}")
+  source.check_element_spec(dataset.element_spec)
+  return dataset
+
+
 def _stream_train(source: StreamSource, start_example: int, per_replica: int,
                   share: _Share) -> tf.data.Dataset:
   """(positions, features, labels) per-replica batches of this pipeline's replicas."""
-  examples = (source.make_dataset().repeat().skip(start_example)
+  examples = (_stream_examples(source).repeat().skip(start_example)
               .enumerate(start_example).map(lambda position, example: (position, *example)))
   batches = examples.batch(per_replica, drop_remainder=True)
   if share.local == share.replicas:
@@ -165,7 +195,7 @@ def _stream_eval(source: StreamSource, global_batch_size: int, per_replica: int,
       return tf.nest.map_structure(
           lambda t: t[replica * per_replica:(replica + 1) * per_replica], batch)
     return tf.data.Dataset.range(share.first, share.first + share.local).map(slice_of)
-  return source.make_dataset().batch(global_batch_size).flat_map(replicas_slices)
+  return _stream_examples(source).batch(global_batch_size).flat_map(replicas_slices)
 
 
 def device_decoder(source: Source) -> Callable | None:

@@ -46,6 +46,13 @@ class RecordSource(IndexableSource):
   def leaf_specs(self):
     return [((), np.dtype(object))]  # the serialized records
 
+  def class_count(self):
+    """The classes the converter recorded (image_folder: its class folders)."""
+    classes = self.manifest.metadata.get("classes")
+    if classes:
+      return len(classes), f"{self.where}: {len(classes)} classes in its manifest"
+    return None
+
   def example_bytes(self) -> int:
     return int(self._bytes // max(1, len(self)))
 

@@ -44,6 +44,11 @@ class Source:
   def __init__(self, where: str):
     self.where = where  # e.g. "data.name='tabular' train split", for messages
 
+  def class_count(self) -> tuple[int, str] | None:
+    """How many classes the labels name, and what says so (for model.num_classes=0);
+    None if this source cannot tell (float labels, an opaque stream)."""
+    return None
+
 
 class IndexableSource(Source):
   """Random access by row, as batching reads it: `read_leaves(rows)` in numpy (run in
@@ -70,14 +75,21 @@ class IndexableSource(Source):
     return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                for shape, dtype in self.leaf_specs() if np.dtype(dtype).kind not in "SOU")
 
+  def decoded_example_bytes(self) -> int:
+    """About how many bytes one example holds once decoded, as a batch holds it (at least:
+    variable-size leaves count 0); input_pipelines/memory.py bounds batches by it."""
+    return self.example_bytes()
+
 
 class ArraySource(IndexableSource):
   """Examples held in memory. `decode` (built-ins only) maps a batch of stored
   features to what the model sees, in TensorFlow (e.g. uint8 -> float in [0, 1])."""
 
   def __init__(self, features, labels, *, where: str, decode: Callable | None = None,
-               feature_name: str = "inputs"):
+               feature_name: str = "inputs", num_classes: int | None = None):
     super().__init__(where)
+    self.num_classes = num_classes  # a built-in's known class count (the MNIST family: 10)
+    _check_one_label_array(where, labels)
     self.features = features
     self.labels = np.asarray(labels)
     self.decode = decode
@@ -99,6 +111,19 @@ class ArraySource(IndexableSource):
 
   def __len__(self) -> int:
     return len(self.labels)
+
+  def class_count(self):
+    if self.num_classes:
+      return self.num_classes, f"{self.where.rsplit(' ', 2)[0]}: {self.num_classes} classes"
+    return _largest_class_id(self.labels, self.where)
+
+  def decoded_example_bytes(self) -> int:
+    """`decode` turns stored features into float32 (uint8 images: 4x the bytes)."""
+    if self.decode is None:
+      return self.example_bytes()
+    *features, labels = self.leaf_specs()
+    return (sum(int(np.prod(shape, dtype=np.int64)) * 4 for shape, _ in features)
+            + int(np.prod(labels[0], dtype=np.int64)) * np.dtype(labels[1]).itemsize)
 
   def __getitem__(self, indices):
     take = lambda a: a[indices]  # pylint: disable=unnecessary-lambda-assignment
@@ -143,7 +168,7 @@ class IndexedSource(IndexableSource):
     self.feature_name = getattr(source, "feature_name", Source.feature_name)
     try:
       self._length = int(len(source))
-    except Exception as e:  # pylint: disable=broad-except
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except
       raise DataError(f"{where}: len() raised {type(e).__name__}: {e}") from None
     if self._length <= 0:
       raise DataError(f"{where}: the split is empty (len() is {self._length})")
@@ -156,6 +181,16 @@ class IndexedSource(IndexableSource):
 
   def __len__(self) -> int:
     return self._length
+
+  def class_count(self):
+    classes = getattr(self.source, "classes", None)  # image_folder: the class folders
+    if classes is not None and len(classes):
+      return len(classes), f"{self.where}: {len(classes)} classes ({_first_names(classes)})"
+    count = getattr(self.source, "num_classes", None)
+    if isinstance(count, int) and count > 0:
+      return count, f"{self.where}: num_classes={count}"
+    labels = getattr(self.source, "labels", None)
+    return _largest_class_id(labels, self.where) if isinstance(labels, np.ndarray) else None
 
   def __getitem__(self, indices):
     return self.read(np.asarray(indices, dtype=np.int64))
@@ -183,8 +218,8 @@ class IndexedSource(IndexableSource):
   def _call(self, indices: np.ndarray):
     try:
       batch = self.source[indices]
-    except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
-      raise DataError(f"{self.where}: reading examples {_span(indices)} raised "
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except  (user code)
+      raise DataError(f"{self.where}: reading {_examples(indices)} raised "
                       f"{type(e).__name__}: {str(e).strip()[:300]}") from None
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
       raise DataError(f"{self.where}: __getitem__ must return (features, labels), "
@@ -194,12 +229,13 @@ class IndexedSource(IndexableSource):
       features = {k: np.asarray(v) for k, v in features.items()}
     else:
       features = np.asarray(features)
+    _check_one_label_array(self.where, labels)
     return features, np.asarray(labels)
 
   def _check(self, indices, features, labels) -> None:
     got_structure = sorted(features) if isinstance(features, dict) else None
     if got_structure != self.structure:
-      raise DataError(f"{self.where}: examples {_span(indices)} have features "
+      raise DataError(f"{self.where}: {_examples(indices)} have features "
                       f"{got_structure or 'array'}, the first ones {self.structure or 'array'}")
     arrays = {**_leaves(features), "labels": labels}
     for key, value in arrays.items():
@@ -210,7 +246,7 @@ class IndexedSource(IndexableSource):
         raise DataError(f"{self.where}: {name} of a batch of {len(indices)} indices has shape "
                         f"{value.shape}; axis 0 must be the {len(indices)} examples")
       if value.shape[1:] != shape or value.dtype != dtype:
-        raise DataError(f"{self.where}: {name} of examples {_span(indices)} are "
+        raise DataError(f"{self.where}: {name} of {_examples(indices)} are "
                         f"{value.dtype}{list(value.shape[1:])}, the first ones "
                         f"{dtype}{list(shape)}; every example must have the same shape and dtype")
 
@@ -221,6 +257,47 @@ class StreamSource(Source):
   def __init__(self, make_dataset: Callable, *, where: str):
     super().__init__(where)
     self.make_dataset = make_dataset
+
+  def check_element_spec(self, element_spec) -> None:
+    """DataError unless the elements are `(features, labels)` examples of one fixed shape:
+    distloop batches them itself (variable shapes cannot be batched; an already batched
+    dataset has an unknown axis 0). Called with the dataset's `element_spec`."""
+    if not isinstance(element_spec, tuple) or len(element_spec) != 2:
+      raise DataError(f"{self.where}: the dataset's elements must be (features, labels) "
+                      f"pairs, got {element_spec}")
+    features, labels = element_spec
+    if isinstance(labels, (dict, tuple, list)):
+      _check_one_label_array(self.where, labels)
+    leaves = {**{_describe(k): v for k, v in _leaves(features).items()}, "labels": labels}
+    shapes = {}
+    for name, spec in leaves.items():
+      if type(spec).__name__ != "TensorSpec":
+        raise DataError(f"{self.where}: {name} is a {type(spec).__name__}; distloop batches "
+                        f"dense tensors of a fixed shape: pad or resize each example to one "
+                        f"shape in the dataset (e.g. .to_tensor(shape=...) for a ragged one)")
+      if spec.shape.rank is None:
+        raise DataError(f"{self.where}: {name} has an unknown rank; give every example one "
+                        f"fixed shape in the dataset (e.g. tf.ensure_shape or set_shape)")
+      shapes[name] = spec.shape.as_list()
+    if all(shape and shape[0] is None for shape in shapes.values()):
+      raise DataError(f"{self.where}: the dataset looks batched already (axis 0 of every "
+                      f"element is unknown: {_shapes(shapes)}); return it unbatched "
+                      f"(dataset.unbatch()): distloop batches the examples itself")
+    for name, shape in shapes.items():
+      if None in shape:
+        raise DataError(f"{self.where}: {name} has shape {_shape(shape)} per example: "
+                        f"its size varies from example to example, and "
+                        f"distloop batches fixed-shape examples; pad or resize each example "
+                        f"to one shape in the dataset (e.g. tf.image.resize, or "
+                        f"padded to a fixed length with tf.pad and then tf.ensure_shape)")
+
+
+def _shape(shape: list) -> str:
+  return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _shapes(shapes: dict) -> str:
+  return ", ".join(f"{name} {_shape(shape)}" for name, shape in shapes.items())
 
 
 def as_source(value, where: str) -> Source:
@@ -241,8 +318,24 @@ def as_source(value, where: str) -> Source:
 
 def as_splits(value, where: str) -> tuple[Source, Source]:
   if not isinstance(value, (tuple, list)) or len(value) != 2:
-    raise DataError(f"{where} must return (train, eval), got {type(value).__name__}")
+    raise DataError(f"{where} must return (train, eval), two splits, got "
+                    f"{_kinds(value)}; {_SPLIT_FORMS}")
+  if all(isinstance(split, np.ndarray) for split in value):
+    raise DataError(f"{where} must return (train, eval), two splits, got (ndarray, ndarray): "
+                    f"one split's (features, labels)? Return ((x_train, y_train), "
+                    f"(x_eval, y_eval)); {_SPLIT_FORMS}")
   return as_source(value[0], f"{where} train split"), as_source(value[1], f"{where} eval split")
+
+
+_SPLIT_FORMS = ("each split is (features, labels) numpy arrays, a random-access source "
+                "(__len__ and __getitem__) or a callable returning a tf.data.Dataset")
+
+
+def _kinds(value) -> str:
+  if isinstance(value, (tuple, list)) and len(value) <= 4:
+    inner = ", ".join(type(v).__name__ for v in value)
+    return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+  return type(value).__name__
 
 
 def _check_dtype(where: str, name: str, dtype: np.dtype) -> None:
@@ -250,7 +343,38 @@ def _check_dtype(where: str, name: str, dtype: np.dtype) -> None:
     raise DataError(f"{where}: {name} has dtype {dtype}; use numbers, booleans or bytes")
 
 
-def _span(indices: np.ndarray) -> str:
+def _examples(indices: np.ndarray) -> str:
+  """Which examples a read asked for: "example 7", "examples 3..9" (a run of them), or
+  "12 examples among 0..9999" (a training batch: shuffled rows)."""
   if len(indices) == 0:
-    return "[]"
-  return f"{int(indices[0])}..{int(indices[-1])}" if len(indices) > 1 else str(int(indices[0]))
+    return "no examples"
+  if len(indices) == 1:
+    return f"example {int(indices[0])}"
+  first, last = int(indices[0]), int(indices[-1])
+  if last - first == len(indices) - 1 and np.all(np.diff(indices) == 1):
+    return f"examples {first}..{last}"
+  return f"{len(indices)} examples among {int(np.min(indices))}..{int(np.max(indices))}"
+
+
+def _largest_class_id(labels: np.ndarray, where: str) -> tuple[int, str] | None:
+  """Integer class ids [N]: (largest + 1, what says so); None for other labels."""
+  if labels.ndim != 1 or not labels.size or labels.dtype.kind not in "iu" or labels.min() < 0:
+    return None
+  count = int(labels.max()) + 1
+  return count, f"{where}: largest label {count - 1}"
+
+
+def _first_names(names) -> str:
+  shown = ", ".join(map(str, list(names)[:5]))
+  return shown + (", ..." if len(names) > 5 else "")
+
+
+def _check_one_label_array(where: str, labels) -> None:
+  """Labels are one array per split (axis 0 = examples); a dict or tuple of them (several
+  outputs) is not supported yet: one line saying so, not a numpy error."""
+  if isinstance(labels, (dict, tuple)):
+    kind = (f"a dict ({', '.join(map(str, list(labels)[:5]))})" if isinstance(labels, dict)
+            else f"a tuple of {len(labels)}")
+    raise DataError(f"{where}: labels are {kind}; distloop takes one label array per split "
+                    f"(one label tensor per example, for a model with one output); "
+                    f"multi-output models and dict labels are not supported yet")

@@ -39,6 +39,6 @@ class Splits:
   def sources(self, where: str) -> tuple[ArraySource, ArraySource]:
     """(train, eval) as the pipeline reads them; the serving input is named `images`."""
     return (ArraySource(self.train_images, self.train_labels, where=f"{where} train split",
-                        decode=scale_images, feature_name="images"),
+                        decode=scale_images, feature_name="images", num_classes=10),
             ArraySource(self.test_images, self.test_labels, where=f"{where} eval split",
-                        decode=scale_images, feature_name="images"))
+                        decode=scale_images, feature_name="images", num_classes=10))

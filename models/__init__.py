@@ -21,6 +21,7 @@ _MODULES = {
 }
 
 NAMES = tuple(_MODULES)
+NEEDS_NUM_CLASSES = ("mnist_cnn", "mlp")  # their last layer has model.num_classes logits
 
 
 def builder(model_config: ml_collections.ConfigDict):

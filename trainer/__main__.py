@@ -6,8 +6,10 @@ the run within seconds, a hung plug-in or config included); flags, config (chose
 and loaded by trainer/config_file.py; a resume's changes checked by
 trainer/config_changes.py), model_dir's shape and data are checked before
 TensorFlow is imported and before anything is written, so bad
-input costs a second and leaves model_dir untouched; the writer lock on model_dir
-is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
+input costs a second and leaves model_dir untouched; then, with the runtime up,
+the batch sizes against the splits and the memory available
+(input_pipelines/memory.py) and a tf.data stream's element spec; the writer
+lock on model_dir is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
 input, 42 preempted.
 """
 if __name__ == "__main__":  # first of all, before the heavier imports below
@@ -28,6 +30,7 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
+from input_pipelines import memory
 from trainer import config_changes
 from trainer import config_file
 from trainer import continuous_eval
@@ -115,6 +118,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   # download path does import TensorFlow, hence the silenced start-up lines.)
   with logs.native_startup_silenced():
     splits = input_pipelines.load(config.data, config.runtime.seed)
+    from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer import loop  # pylint: disable=g-import-not-at-top
     from trainer import runtime  # pylint: disable=g-import-not-at-top
     if config.runtime.strategy == "multi_worker_mirrored":
@@ -124,9 +128,15 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     runtime.seed(config.runtime)
   preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
   runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  training = mode in ("train", "train_and_eval")
+  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
+                       eval_batch=config.eval.global_batch_size,
+                       processes=runtime.num_workers(strategy))
+  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
+    if isinstance(source, input_pipelines.StreamSource):
+      batching.example_spec(source)
   _stop_if_signalled(config)
 
-  training = mode in ("train", "train_and_eval")
   with (_writer(model_dir) if training and runtime.is_chief(strategy)
         else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits)

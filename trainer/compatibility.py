@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import models
 from input_pipelines.sources import ArraySource, IndexedSource, Source
+from trainer import plugins
 from trainer.errors import UserError
 
 # Optimizer settings worth naming even at their class's default (AdamW's weight_decay).
@@ -30,6 +31,9 @@ def model_outputs(config, model, features):
   _check_no_training_config_of_its_own(model_name, model)
   try:
     outputs = model(features, training=False)
+  except SystemExit as e:
+    raise UserError(plugins.exit_message("model.name", config.model.name, e,
+                                         " when called on a batch")) from None
   except Exception as e:  # pylint: disable=broad-except  (user models raise anything)
     raise UserError(f"{model_name} failed on a batch of the data ({type(e).__name__}: "
                     f"{_first_line(e)}); its input is {_describe(features)}") from None
@@ -165,6 +169,9 @@ def _all_labels(sources, probe_labels):
 def _check_per_example(what: str, fn, labels, outputs, batch: int) -> None:
   try:
     values = fn(labels, outputs)
+  except SystemExit as e:
+    raise UserError(f"{what} called sys.exit({e.code!r}); a plug-in must return its result "
+                    f"or raise an exception, not end the process") from None
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(f"{what} failed on outputs {outputs.shape} and labels {labels.shape} "
                     f"({type(e).__name__}: {_first_line(e)})") from None

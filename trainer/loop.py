@@ -16,6 +16,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+import input_pipelines
 import models
 from input_pipelines import batching
 from input_pipelines.sources import Source
@@ -33,6 +34,7 @@ from trainer import outputs
 from trainer import periodic
 from trainer import plugins
 from trainer import preemption
+from trainer import preprocess
 from trainer import probabilities
 from trainer import profiling
 from trainer import progress
@@ -116,7 +118,7 @@ class Trainer:
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
-    self._preprocess = _preprocess_fn(config.data.preprocess)
+    self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     # A few real training examples: the model's input spec, the start-up checks, samples.
     self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
@@ -127,7 +129,8 @@ class Trainer:
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
-      self.model = models.build(config.model, self.features_spec)
+      self._model_config, self._num_classes_from = _model_config(config, splits)
+      self.model = models.build(self._model_config, self.features_spec)
       features, labels = self._probe
       probe_outputs = compatibility.model_outputs(config, self.model, features)  # builds it
       # Logits or probabilities (train.from_logits): decides the loss, thresholds, export.
@@ -205,6 +208,9 @@ class Trainer:
       self.summaries.sample_images(0, self._probe[0].numpy())
     checkpoint_due = periodic.Every(config.checkpoint.interval, total)
     eval_due = periodic.Every(eval_interval, total)
+    if self._num_classes_from:
+      logging.info("model.num_classes=%d, from the data (%s)", self._model_config.num_classes,
+                   self._num_classes_from)
     logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels) from step %d to %d.",
                  config.model.name, config.data.name, self.strategy.num_replicas_in_sync,
                  config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
@@ -560,8 +566,12 @@ class Trainer:
     destination = export.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
+    config = self.config
+    if self._model_config is not config.model:  # the export rebuilds the model: same classes
+      config = ml_collections.ConfigDict(config.to_dict())
+      config.model = self._model_config
     export.export_saved_model(
-        self.config, [variable.numpy() for variable in self.model.variables],
+        config, [variable.numpy() for variable in self.model.variables],
         self.features_spec, self.train_source.feature_name, destination,
         probabilities=self.outputs_are_probabilities)
     logging.info("Exported SavedModel to %s", destination)
@@ -594,16 +604,24 @@ def _looks_like_images(features) -> bool:
           and (features.dtype.is_floating or features.dtype == tf.uint8))
 
 
-def _preprocess_fn(spec: str):
-  """data.preprocess as a tf.data function whose errors name the plug-in; None if unset."""
-  if not spec:
-    return None
-  function = plugins.resolve("data.preprocess", spec)
-
-  def preprocess(features, labels, seed):
-    result = plugins.call("data.preprocess", spec, function, features, labels, seed)
-    if not isinstance(result, tuple) or len(result) != 2:
-      raise plugins.UserError(f"data.preprocess={spec!r} must return (features, labels), "
-                              f"got {type(result).__name__}")
-    return result
-  return preprocess
+def _model_config(config: ml_collections.ConfigDict, splits: tuple[Source, Source]
+                  ) -> tuple[ml_collections.ConfigDict, str | None]:
+  """config.model with `num_classes` resolved: 0 means "from the data" (the class folders,
+  the MNIST family's 10, the largest integer label + 1). A built-in model that needs it is
+  refused when the data cannot say; a user's builder gets 0 then. The recorded config
+  keeps 0, as given. Also returns what gave the count (for the start log), or None."""
+  model_config = config.model
+  if model_config.num_classes:
+    return model_config, None
+  found = input_pipelines.num_classes(*splits)
+  if found is None:
+    if model_config.name in models.NEEDS_NUM_CLASSES:
+      raise plugins.UserError(
+          f"model.num_classes=0 (from the data), but data.name={config.data.name!r} cannot say "
+          f"how many classes it has (labels that are not integer class ids, or a tf.data "
+          f"stream); set model.num_classes")
+    return model_config, None
+  count, source = found
+  model_config = ml_collections.ConfigDict(model_config.to_dict())
+  model_config.num_classes = count
+  return model_config, source

@@ -16,7 +16,6 @@ from typing import Callable
 from trainer.errors import UserError  # re-exported for registries
 
 
-
 def is_plugin(spec: str) -> bool:
   """`MODULE:FUNCTION` rather than a built-in name."""
   return ":" in spec
@@ -53,8 +52,16 @@ def call(field: str, spec: str, function: Callable, *args):
     return function(*args)
   except UserError:
     raise
+  except SystemExit as e:  # would end the trainer with the plug-in's code, nothing trained
+    raise UserError(exit_message(field, spec, e)) from None
   except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
     raise UserError(f"{field}={spec!r} raised {type(e).__name__}: {_first_line(e)}") from None
+
+
+def exit_message(field: str, spec: str, error: SystemExit, when: str = "") -> str:
+  """The line for a plug-in that called sys.exit (or exit()) instead of returning."""
+  return (f"{field}={spec!r} called sys.exit({error.code!r}){when}; a plug-in must return "
+          f"its result or raise an exception, not end the process")
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,6 +89,8 @@ def _import(field: str, spec: str, module_name: str):
     return module
   except UserError:
     raise
+  except SystemExit as e:
+    raise UserError(exit_message(field, spec, e, f" while {module_name} was imported")) from None
   except ModuleNotFoundError as e:
     raise UserError(f"{field}={spec!r}: cannot import {module_name} ({e})") from None
   except Exception as e:  # pylint: disable=broad-except  (importing user code runs it)

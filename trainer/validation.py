@@ -34,8 +34,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises UserError naming the first bad field (and imports the plug-ins it names)."""
   models.builder(config.model)  # a built-in, or MODULE:FUNCTION that resolves
   for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
-                "model.num_classes", "model.hidden_units", "model.num_outputs"):
+                "model.hidden_units", "model.num_outputs"):
     _positive(config, field)
+  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop.py)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
   input_pipelines.builder(config.data)
