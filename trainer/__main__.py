@@ -247,8 +247,12 @@ def _log_summary(summary: dict, model_dir: str) -> None:
   def values(split):
     names = [key[len(split) + 1:] for key in summary
              if key.startswith(split + "_") and isinstance(summary[key], (float, type(None)))
-             and not key.endswith("_sec")]
-    return " | ".join(f"{name} {summary[f'{split}_{name}'] or float('nan'):.4f}"
+             and not key.endswith("_sec")
+             and not (key.endswith("regularization_loss") and not summary[key])]  # none
+    def value(name):
+      number = summary[f"{split}_{name}"]
+      return float("nan") if number is None else number
+    return " | ".join(f"{name} {value(name):.4f}"
                       for name in sorted(names, key=lambda n: n != "loss"))
   logging.info(
       "Done at step %d (%s, %d replica(s)):\n"

@@ -24,12 +24,15 @@ from absl import logging
 from trainer import storage
 
 _LIBRARY_PATHS = ("/orbax/", "/tensorflow/", "/keras/", "/jax/", "/etils/")
+# distloop's own files are never a library's, wherever the checkout lives (~/keras/distloop).
+_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class _HideLibraryInfo(std_logging.Filter):
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    library = any(part in record.pathname for part in _LIBRARY_PATHS)
+    library = (not record.pathname.startswith(_OWN_ROOT)
+               and any(part in record.pathname for part in _LIBRARY_PATHS))
     if record.levelno >= std_logging.WARNING:
       if library and (_about_storage(record) or _metadata_denied(record)):
         return False  # the trainer says it in one line
