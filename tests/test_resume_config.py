@@ -11,6 +11,7 @@ import pytest
 from tests.cli import run_trainer, train_ok
 from trainer import config_changes
 from trainer import outputs
+from trainer.errors import UserError
 
 _FLAGS = ["--config=synthetic", "--config.train.steps_per_loop=2",
           "--config.data.num_train_examples=256", "--config.data.num_eval_examples=64"]
@@ -85,13 +86,26 @@ def test_changing_train_steps_resumes_and_keeps_the_history(model_dir):
 def test_which_fields_a_resume_may_change():
   for field in ("model.dense_units", "model.name", "data.name", "data.num_train_examples",
                 "data.preprocess", "runtime.seed", "runtime.mixed_precision", "train.loss",
-                "train.optimizer", "augment.strength"):
+                "train.from_logits", "train.optimizer", "augment.strength"):
     assert config_changes.is_fixed(field), field
   for field in ("train.steps", "train.learning_rate", "train.lr_schedule",
                 "train.global_batch_size", "train.steps_per_loop", "eval.global_batch_size",
                 "checkpoint.max_to_keep", "checkpoint.interval", "runtime.strategy",
                 "runtime.num_cpu_devices"):
     assert not config_changes.is_fixed(field), field
+
+
+def test_the_data_moved_to_another_path_resumes_with_a_warning(tmp_path, caplog):
+  recorded = {"data": {"name": "mnist", "dir": "/old/mount"}, "runtime": {"seed": 0}}
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
+  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+  moved = {"data": {"name": "mnist", "dir": "/new/mount"}, "runtime": {"seed": 0}}
+  config_changes.check(str(tmp_path), moved)  # no refusal
+  assert any("/new/mount" in r.getMessage() and "/old/mount" in r.getMessage()
+             for r in caplog.records)
+  with pytest.raises(UserError, match="data.name"):
+    config_changes.check(str(tmp_path), {**moved, "data": {"name": "fashion_mnist",
+                                                            "dir": "/new/mount"}})
 
 
 def test_a_config_json_from_before_the_history_is_kept(tmp_path):

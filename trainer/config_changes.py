@@ -13,9 +13,12 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               intervals; init_from only applies to a fresh model_dir); runtime.*
               but seed and mixed_precision (strategy, devices and cluster shape:
               elastic resume)
-  fixed       model.*, data.*, runtime.seed (the data order, and synthetic data),
+  warned      data.dir (the same examples moved to another path, e.g. another mount:
+              the order is a function of the seed and the position, so it stays right
+              if the files are the same; a warning names both paths)
+  fixed       model.*, data.* but dir, runtime.seed (the data order, and synthetic data),
               runtime.mixed_precision (float16 keeps a loss scale in the optimizer
-              state), train.loss, train.optimizer, and the fields of any section a
+              state), train.loss, train.from_logits, train.optimizer, and the fields of any section a
               user's config adds
 
 `check` compares the config with the one the model_dir recorded (config.json, or
@@ -26,6 +29,8 @@ and what to do (exit 2, nothing written). Pure Python.
 import json
 import os
 
+from absl import logging
+
 from trainer import outputs
 from trainer.errors import UserError
 
@@ -34,8 +39,10 @@ _FIXED_FIELDS = {
     "runtime.seed": "the data order (and synthetic data)",
     "runtime.mixed_precision": "the arithmetic (and the optimizer state, with float16)",
     "train.loss": "the objective",
+    "train.from_logits": "the objective (what the outputs mean to the loss)",
     "train.optimizer": "the optimizer and its state",
 }
+_WARNED_FIELDS = ("data.dir",)
 _MISSING = object()
 
 
@@ -57,6 +64,11 @@ def check(model_dir: str, config_dict: dict) -> None:
       continue
     before, after = old[field], new.get(field, _MISSING)
     if after == before:
+      continue
+    if field in _WARNED_FIELDS:
+      logging.warning("%s=%r, but %s was trained with %s=%r (%s): resuming on the data at the "
+                      "new path, taken to be the same examples", field, after, model_dir, field,
+                      before, where)
       continue
     what = _FIXED_FIELDS.get(field) or f"the {field.split('.', 1)[0]}"
     now = f"{field}={after!r}" if after is not _MISSING else f"this config has no {field}"
