@@ -175,30 +175,20 @@ def test_exit_2_is_not_retried_and_stops_the_others(state_dir):
   assert _launched(result.stderr) == {"worker-0": 1, "worker-1": 1}
 
 
-def test_sigterm_is_forwarded_to_the_workers_and_exit_42(state_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_is_forwarded_to_the_workers_and_exit_42(state_dir, signum):
+  """SIGHUP too: a closed terminal or a dropped ssh session is a preemption, not the
+  launcher's death (which would SIGKILL every trainer, work since the last checkpoint lost)."""
   process = _start(state_dir, "--num_workers=2", task_flags=["--then=until_signal"])
   try:
     _wait_ready(process, {"worker-0", "worker-1"})
-    process.send(signal.SIGTERM)
+    process.send(signum)
     assert process.wait(timeout=20) == 42, process.output
   finally:
     process.kill()
-  assert sorted(_signals(state_dir)) == ["worker-0 SIGTERM", "worker-1 SIGTERM"]
-  assert "[worker-1] worker-1 stopping on SIGTERM" in process.output
-  assert "restarting" not in process.output
-
-
-def test_sighup_is_forwarded_to_the_workers_and_exit_42(state_dir):
-  """A closed terminal or a dropped ssh session: a preemption, not the launcher's death
-  (which would SIGKILL every trainer, work since the last checkpoint lost)."""
-  process = _start(state_dir, "--num_workers=2", task_flags=["--then=until_signal"])
-  try:
-    _wait_ready(process, {"worker-0", "worker-1"})
-    process.send(signal.SIGHUP)
-    assert process.wait(timeout=20) == 42, process.output
-  finally:
-    process.kill()
-  assert sorted(_signals(state_dir)) == ["worker-0 SIGHUP", "worker-1 SIGHUP"]
+  name = signal.Signals(signum).name
+  assert sorted(_signals(state_dir)) == [f"worker-0 {name}", f"worker-1 {name}"]
+  assert f"[worker-1] worker-1 stopping on {name}" in process.output
   assert "restarting" not in process.output
 
 
