@@ -110,7 +110,10 @@ def idx(path: str, options: Options, fmt: str = "idx") -> Input:
   return Input(spec, "labels", {
       "train": _array_split(spec, {"images": splits.train_images, "labels": splits.train_labels}),
       "eval": _array_split(spec, {"images": splits.test_images, "labels": splits.test_labels})},
-      {"from": fmt, "input": os.path.abspath(path)}, _fingerprint(fmt, files, {}))
+      {"from": fmt, "input": os.path.abspath(path),
+       # class ids 0..N-1: a model's class count can come from the data (model.num_classes=0)
+       "num_classes": int(max(splits.train_labels.max(), splits.test_labels.max())) + 1},
+      _fingerprint(fmt, files, {}))
 
 
 def npz(path: str, options: Options) -> Input:

@@ -47,10 +47,14 @@ class RecordSource(IndexableSource):
     return [((), np.dtype(object))]  # the serialized records
 
   def class_count(self):
-    """The classes the converter recorded (image_folder: its class folders)."""
+    """The classes the converter recorded: image_folder's class folders, or the count of
+    class ids of IDX/npz labels; None when the manifest says neither."""
     classes = self.manifest.metadata.get("classes")
     if classes:
       return len(classes), f"{self.where}: {len(classes)} classes in its manifest"
+    count = self.manifest.metadata.get("num_classes")
+    if count:
+      return int(count), f"{self.where}: class ids 0..{int(count) - 1} in its manifest"
     return None
 
   def example_bytes(self) -> int:

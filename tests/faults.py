@@ -5,11 +5,15 @@ rollback tests).
   (position POISONED_EXAMPLE) into NaNs: the loop that reads it diverges; a rollback
   skips past it and training goes on, finite.
 - `exploding_gradient_loss`: a `train.loss` whose value is the cross-entropy but whose
-  gradient is 1e25 times it: Adam's second moment overflows to Inf while the loss and
-  the weights stay finite (m / sqrt(Inf) = 0), so only an optimizer slot is non-finite.
+  gradient, once the environment sets EXPLODE_GRADIENTS=1, is 1e25 times it: Adam's
+  second moment overflows to Inf while the loss and the weights stay finite
+  (m / sqrt(Inf) = 0), so only an optimizer slot is non-finite. (A switch, not another
+  loss: a resume may not change train.loss.)
 - `large_loss`: 1e4 times the cross-entropy: under float16 its gradients overflow at
   the initial loss scale (2**15) until the scale has been halved enough.
 """
+import os
+
 import tensorflow as tf
 
 POISONED_EXAMPLE = 1250  # at batch 48: step 27 (examples 1248..1295)
@@ -24,6 +28,8 @@ def nan_example(features, labels, seed):
 def exploding_gradient_loss(labels, outputs):
   loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32),
                                                         logits=outputs)
+  if os.environ.get("EXPLODE_GRADIENTS") != "1":
+    return loss
   huge = 1e25 * loss
   return loss + (huge - tf.stop_gradient(huge))  # the same value, a 1e25 times larger gradient
 

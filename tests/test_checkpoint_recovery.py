@@ -63,11 +63,12 @@ def test_rollback_restores_and_skips_ahead_until_its_budget_is_spent(tmp_path):
 def test_a_non_finite_optimizer_slot_rolls_back_too(tmp_path):
   """tests/faults.py's loss: Adam's second moment overflows to Inf while the loss and the
   weights stay finite; under `rollback` that is a rollback, never an error at the save."""
-  train_ok(tmp_path, *_FLAGS, "--config.train.steps=20")
-  result = run_trainer(tmp_path, *_FLAGS, "--config.train.steps=40",
+  loss = "--config.train.loss=tests.faults:exploding_gradient_loss"
+  train_ok(tmp_path, *_FLAGS, loss, "--config.train.steps=20")
+  result = run_trainer(tmp_path, *_FLAGS, loss, "--config.train.steps=40",
                        "--config.train.steps_per_loop=1", "--config.checkpoint.interval=1",
-                       "--config.train.loss=tests.faults:exploding_gradient_loss",
-                       "--config.train.nonfinite_policy=rollback", "--config.train.max_rollbacks=1")
+                       "--config.train.nonfinite_policy=rollback", "--config.train.max_rollbacks=1",
+                       env={"EXPLODE_GRADIENTS": "1"})
   assert result.returncode == 1
   assert "Traceback" not in result.stderr
   assert re.search(r"non-finite values in optimizer/adam/\S+_velocity in step 21: rolled back "

@@ -13,7 +13,8 @@ from tests.test_records import _IMAGES_SPEC, write_records
 pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 
 _STEPS, _BATCH, _TRAIN, _EVAL = 60, 48, 12000, 500  # 60 steps and read-ahead: epoch 0
-_FLAGS = ["--config=mnist_cnn", "--config.data.name=records", f"--config.train.steps={_STEPS}",
+_FLAGS = ["--config=mnist_cnn", "--config.data.name=records", "--config.model.num_classes=10",
+          f"--config.train.steps={_STEPS}",
           f"--config.train.global_batch_size={_BATCH}", "--config.train.steps_per_loop=5",
           "--config.checkpoint.interval=20", "--config.eval.global_batch_size=100",
           "--config.runtime.deterministic=true"]
