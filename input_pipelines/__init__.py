@@ -1,7 +1,8 @@
 """Input pipeline registry: `config.data.name` -> `(train, eval)` sources.
 
-A built-in name maps to a builder here; `MODULE:FUNCTION` names the user's own
-(trainer/plugins.py). Every builder has the plug-in signature
+A built-in name maps to a builder here (`BUILTINS`); `MODULE:FUNCTION`, the
+user's own, is resolved and called by trainer/plugins.py (this package imports
+nothing from trainer/). Every builder has the plug-in signature
 `FUNCTION(data_config, seed) -> (train, eval)`, each split one of the forms
 input_pipelines/sources.py accepts (numpy arrays, a random-access source, or a
 callable returning a tf.data.Dataset). Builders run before the TensorFlow
@@ -11,14 +12,10 @@ the tf.data streams the trainer consumes; it owns the order.
 """
 import importlib
 
-import ml_collections
-
-from input_pipelines import sources
 from input_pipelines.errors import DataError
-from input_pipelines.sources import Source, StreamSource
-from trainer import plugins
+from input_pipelines.sources import Source, StreamSource, as_splits
 
-_BUILTINS = {  # name -> (module, function); imported on first use
+_MODULES = {  # name -> (module, function); imported on first use
     "synthetic": ("input_pipelines.synthetic", "build_sources"),
     "mnist": ("input_pipelines.mnist", "build_mnist_sources"),
     "fashion_mnist": ("input_pipelines.mnist", "build_fashion_mnist_sources"),
@@ -28,36 +25,17 @@ _BUILTINS = {  # name -> (module, function); imported on first use
     "records": ("input_pipelines.records", "build"),
 }
 
-NAMES = tuple(_BUILTINS)
 
-__all__ = ["DataError", "NAMES", "Source", "StreamSource", "builder", "load", "num_classes"]
-
-
-def builder(data_config: ml_collections.ConfigDict):
-  """The builder `data.name` names; UserError if it does not resolve."""
-  if data_config.name in _BUILTINS:
-    module, function = _BUILTINS[data_config.name]
-    return getattr(importlib.import_module(module), function)
-  return plugins.resolve("data.name", data_config.name, dict.fromkeys(NAMES))
+def _imported_on_first_use(module: str, function: str):
+  return lambda *args: getattr(importlib.import_module(module), function)(*args)
 
 
-def load(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Source, Source]:
-  """(train, eval) sources, checked: DataError/UserError naming the plug-in otherwise."""
-  build = builder(data_config)
-  try:
-    splits = build(data_config, seed)
-  except (DataError, plugins.UserError):
-    raise
-  except SystemExit as e:  # a plug-in ending the process would end the run with its code
-    raise plugins.UserError(f"data.name={data_config.name!r} called sys.exit({e.code!r}); a "
-                            f"data builder must return (train, eval) or raise") from None
-  except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
-    if data_config.name in _BUILTINS:
-      raise
-    raise plugins.UserError(f"data.name={data_config.name!r} raised {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-                            ) from None
-  return sources.as_splits(splits, f"data.name={data_config.name!r}")
+# name -> `build(data_config, seed) -> (train, eval)`
+BUILTINS = {name: _imported_on_first_use(*where) for name, where in _MODULES.items()}
+NAMES = tuple(BUILTINS)
+
+__all__ = ["BUILTINS", "DataError", "NAMES", "Source", "StreamSource", "as_splits",
+           "num_classes"]
 
 
 def num_classes(train: Source, evaluation: Source) -> tuple[int, str] | None:

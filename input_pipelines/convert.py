@@ -29,10 +29,10 @@ from absl import flags
 
 from input_pipelines import convert_inputs
 from input_pipelines import manifest as manifest_lib
+from input_pipelines import native_output
 from input_pipelines import progress as progress_lib
 from input_pipelines import shards
 from input_pipelines.errors import DataError
-from trainer import logs
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 42
 _SIZE_SAMPLE = 64  # records whose mean size sets the records per shard
@@ -62,7 +62,7 @@ class Interrupted(Exception):
 def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
-  logs.quiet_libraries()
+  native_output.quiet_tensorflow()
   try:
     if _VERIFY.value:
       return _verify(_VERIFY.value)
@@ -75,7 +75,7 @@ def main(argv):
         channels=_CHANNELS.value)
     # Checks the input first (TensorFlow is not needed for that, except to read TFRecords),
     # then loads TensorFlow, which encodes the records, with its start-up lines hidden.
-    with logs.native_startup_silenced():
+    with native_output.native_startup_silenced():
       source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,

@@ -36,6 +36,7 @@ from trainer import config_file
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
+from trainer import plugins
 from trainer import preemption
 from trainer import validation
 from trainer import writer_lock
@@ -117,7 +118,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
   # download path does import TensorFlow, hence the silenced start-up lines.)
   with logs.native_startup_silenced():
-    splits = input_pipelines.load(config.data, config.runtime.seed)
+    splits = plugins.load_data(config.data, config.runtime.seed)
     from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer import loop  # pylint: disable=g-import-not-at-top
     from trainer import runtime  # pylint: disable=g-import-not-at-top

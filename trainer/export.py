@@ -17,9 +17,9 @@ import shutil
 import ml_collections
 import tensorflow as tf
 
-import models
 from trainer import hold_points
 from trainer import losses
+from trainer import plugins
 from trainer import storage
 
 
@@ -54,7 +54,7 @@ def export_saved_model(config: ml_collections.ConfigDict, weights: list, feature
   """`weights`: the live model's variable values, in `model.variables` order;
   `probabilities`: the model outputs probabilities (trainer/probabilities.py decided)."""
   input_spec = serving_spec(features_spec, feature_name)
-  model = models.build(config.model, input_spec)
+  model = plugins.build_model(config.model, input_spec)
   if not model.variables:  # a subclassed model builds on its first call
     model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), input_spec),
           training=False)

@@ -11,16 +11,16 @@ the trainer as one line (trainer/storage.py); orbax's own error records about
 it (tracebacks from its background threads) and tensorstore's late asyncio
 callbacks ("Event loop is closed") are hidden unless --verbosity=1.
 """
-import contextlib
 import logging as std_logging
 import os
 import sys
-import tempfile
 import threading
 import warnings
 
 from absl import logging
 
+from input_pipelines import native_output
+from input_pipelines.native_output import native_startup_silenced, stderr_captured  # noqa: F401
 from trainer import storage
 
 _LIBRARY_PATHS = ("/orbax/", "/tensorflow/", "/keras/", "/jax/", "/etils/")
@@ -102,8 +102,7 @@ class _WithoutClosedLoopTracebacks:
 def quiet_libraries() -> None:
   """Call once, after flags are parsed (so --verbosity is known) and before
   TensorFlow is imported (its C++ log level is read at import)."""
-  verbose = logging.get_verbosity() >= logging.DEBUG
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
+  verbose = native_output.quiet_tensorflow()
   if not verbose:
     logging.get_absl_handler().addFilter(_HideLibraryInfo())
     sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
@@ -111,50 +110,3 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
 
-class CapturedStderr:
-  """What file descriptor 2 received inside `stderr_captured()`; replayed unless discarded."""
-
-  def __init__(self):
-    self.keep = True
-
-  def discard(self) -> None:
-    self.keep = False
-
-
-@contextlib.contextmanager
-def stderr_captured():
-  """Redirects file descriptor 2 (C/C++ writers included) to a temporary file.
-
-  On exit the captured bytes are written to the real stderr, unless the block
-  called `.discard()` on the yielded CapturedStderr.
-  """
-  captured = CapturedStderr()
-  sys.stderr.flush()
-  saved_fd = os.dup(2)
-  with tempfile.TemporaryFile() as buffer:
-    os.dup2(buffer.fileno(), 2)
-    try:
-      yield captured
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved_fd, 2)
-      os.close(saved_fd)
-      if captured.keep:
-        buffer.seek(0)
-        sys.stderr.write(buffer.read().decode(errors="replace"))
-        sys.stderr.flush()
-
-
-@contextlib.contextmanager
-def native_startup_silenced():
-  """Hides file descriptor 2 while TensorFlow loads and finds its devices.
-
-  TensorFlow 2.21 prints its C++ start-up lines (oneDNN, CUDA probing) before
-  absl::InitializeLog, so TF_CPP_MIN_LOG_LEVEL cannot hide them. Python
-  exceptions still surface (they are printed after the block); --verbosity=1
-  shows everything.
-  """
-  with stderr_captured() as captured:
-    if logging.get_verbosity() < logging.DEBUG:
-      captured.discard()
-    yield

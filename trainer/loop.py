@@ -130,7 +130,7 @@ class Trainer:
     self.coordinator = runtime.coordinator(strategy)
     with strategy.scope():
       self._model_config, self._num_classes_from = _model_config(config, splits)
-      self.model = models.build(self._model_config, self.features_spec)
+      self.model = plugins.build_model(self._model_config, self.features_spec)
       features, labels = self._probe
       probe_outputs = compatibility.model_outputs(config, self.model, features)  # builds it
       # Logits or probabilities (train.from_logits): decides the loss, thresholds, export.

@@ -5,6 +5,10 @@ file (`/work/my_project/models.py`, or relative to the working directory). A fil
 is imported under its own name with its folder put on `sys.path`, so it may
 import its siblings. Every failure is a `UserError` naming the config field and
 the plug-in, so a typo is one line on stderr (exit 2), not a traceback.
+
+`build_model` and `load_data` are where `model.name` and `data.name` become a
+model and two sources: the built-ins come from the registries in models/ and
+input_pipelines/ (which import nothing from trainer/), plug-ins from here.
 """
 import functools
 import importlib
@@ -13,6 +17,9 @@ import os
 import sys
 from typing import Callable
 
+import input_pipelines
+from input_pipelines.errors import DataError
+import models
 from trainer.errors import UserError  # re-exported for registries
 
 
@@ -46,11 +53,40 @@ def name_of(spec: str) -> str:
   return spec.rpartition(":")[2]
 
 
+def build_model(model_config, input_spec):
+  """A new keras.Model from `model.name` (call inside `strategy.scope()` to distribute
+  it); a built-in that cannot take the features, or any plug-in failure: one line."""
+  import keras  # pylint: disable=g-import-not-at-top  (checking a config never imports Keras)
+  name = model_config.name
+  builder = resolve("model.name", name, models.BUILTINS)
+  if name in models.BUILTINS:
+    try:
+      model = builder(model_config, input_spec)
+    except models.ModelError as e:
+      raise UserError(str(e)) from None
+  else:
+    model = call("model.name", name, builder, model_config, input_spec)
+  if not isinstance(model, keras.Model):
+    raise UserError(f"model.name={name!r} returned {type(model).__name__}, not a keras.Model")
+  return model
+
+
+def load_data(data_config, seed: int):
+  """(train, eval) sources from `data.name`, checked (input_pipelines/sources.py); a
+  built-in's bad files are a DataError, a plug-in's failure is one line naming it."""
+  name = data_config.name
+  build = resolve("data.name", name, input_pipelines.BUILTINS)
+  splits = (build(data_config, seed) if name in input_pipelines.BUILTINS
+            else call("data.name", name, build, data_config, seed))
+  return input_pipelines.as_splits(splits, f"data.name={name!r}")
+
+
 def call(field: str, spec: str, function: Callable, *args):
-  """Calls a user's function; anything it raises becomes one line naming the plug-in."""
+  """Calls a user's function; anything it raises becomes one line naming the plug-in
+  (a DataError, already one line naming the data, as it is)."""
   try:
     return function(*args)
-  except UserError:
+  except (UserError, DataError):
     raise
   except SystemExit as e:  # would end the trainer with the plug-in's code, nothing trained
     raise UserError(exit_message(field, spec, e)) from None

@@ -32,14 +32,14 @@ IF_UNREADABLE = ("stop", "start_over")
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises UserError naming the first bad field (and imports the plug-ins it names)."""
-  models.builder(config.model)  # a built-in, or MODULE:FUNCTION that resolves
+  plugins.resolve("model.name", config.model.name, models.BUILTINS)  # resolves
   for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
                 "model.hidden_units", "model.num_outputs"):
     _positive(config, field)
   _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop.py)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
-  input_pipelines.builder(config.data)
+  plugins.resolve("data.name", config.data.name, input_pipelines.BUILTINS)
   if config.data.preprocess:
     plugins.resolve("data.preprocess", config.data.preprocess)
   for field in ("data.num_train_examples", "data.num_eval_examples", "data.num_features",
