@@ -18,6 +18,17 @@ measures one thing in this (fresh) process and prints one `RESULT {json}` line
   update -- compiled by XLA (`jit_compile=True` on the replica step): the second
   ceiling, the one that matters on accelerators. One replica only (XLA cannot
   compile the update's cross-replica part).
+- `orbit`: TF Model Garden's loop, as its users write it: an `orbit.StandardTrainer`
+  whose `train_step` is the custom-training-loop tutorial's (`strategy.run` of a
+  replica step: per-example loss, `tf.nn.compute_average_loss` over the global
+  batch, `tape.gradient`, `optimizer.apply_gradients`, which sums the gradients
+  over replicas; a loss Mean and an accuracy metric, as Model Garden's trainers
+  keep), its steps in orbit's `tf.while_loop` (`use_tf_while_loop=True`), driven
+  by `orbit.Controller.train` in loops of `steps_per_loop`. The model and Adam
+  are tf-keras's (`TF_USE_LEGACY_KERAS=1`, what orbit is written for) and start
+  from the same weights as the others. Runs only under an interpreter that has
+  `orbit` and `tf_keras` (benchmarks/orbit_env.sh makes one; not a distloop
+  dependency).
 - `pipeline`: distloop's own input pipeline (`batching.train_dataset` through
   `distribute_datasets_from_function`, as the trainer consumes it; the synthetic
   arrays in memory, or converted records on disk with --data_dir), drained by a
@@ -39,6 +50,8 @@ which leaves out the call's set-up and its new iterator filling the shuffle buff
 to 5.8k examples/s between runs of fit under XLA on the CPU.) bare: marginal
 throughput: after a warm-up call, a run of S/4 steps and one of S steps are timed
 and (S - S/4) * B over the difference of their times leaves out per-call costs.
+orbit: the same marginal throughput, each run one `Controller.train` call of whole
+loops (the controller's per-loop log line and metric read are in).
 """
 import gc
 import json
@@ -50,7 +63,7 @@ from absl import app
 from absl import flags
 import ml_collections
 
-_RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "bare_xla", "pipeline"],
+_RUNNER = flags.DEFINE_enum("runner", None, ["fit", "bare", "bare_xla", "orbit", "pipeline"],
                             "what to measure", required=True)
 _MODEL = flags.DEFINE_enum("model", "mnist_cnn", ["mnist_cnn", "mlp"], "the model of every runner")
 _MLP_UNITS = flags.DEFINE_integer("mlp_units", 128, "--model=mlp: hidden units")
@@ -58,7 +71,8 @@ _BATCH = flags.DEFINE_integer("batch", 32, "global batch size")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "1: default strategy; N: mirrored on N CPUs")
 _STEPS = flags.DEFINE_integer("steps", 1000, "steps of the long timed run (the short one: 1/4)")
 _STEPS_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 50,
-                                       "steps per tf.function call (bare, pipeline); every "
+                                       "steps per tf.function call (bare, pipeline) and per "
+                                       "orbit Controller loop; every "
                                        "timed run is a whole number of them")
 _STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 1, "fit: compile()'s")
 _JIT_COMPILE = flags.DEFINE_bool("jit_compile", False, "fit: compile()'s (XLA)")
@@ -75,11 +89,15 @@ def _setup():
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from configs import synthetic  # pylint: disable=g-import-not-at-top
+  import input_pipelines  # pylint: disable=g-import-not-at-top
   from input_pipelines import synthetic as synthetic_data  # pylint: disable=g-import-not-at-top
   config = synthetic.get_config()
   with config.unlocked():
     config.model.name, config.model.mlp_units = _MODEL.value, _MLP_UNITS.value
   splits = synthetic_data.build(config.data, _SEED)
+  if not config.model.num_classes:  # 0: from the data, as the trainer resolves it
+    with config.unlocked():
+      config.model.num_classes = input_pipelines.num_classes(*splits.sources("synthetic"))[0]
   if _REPLICAS.value > 1:  # logical devices must exist before the runtime starts
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
@@ -205,6 +223,94 @@ def _bare(jit_compile: bool = False) -> dict:
   return {"examples_per_sec": _marginal(run)}
 
 
+def _tf_keras_model(model_config, tf_keras):
+  """models/mnist_cnn.py's or models/mlp.py's architecture in tf-keras layers (orbit's
+  Keras); `set_weights` with the Keras 3 model's weights fails if the two drift apart."""
+  if _MODEL.value == "mnist_cnn":
+    layers = [tf_keras.layers.Conv2D(model_config.conv_filters, 3, activation="relu",
+                                     name="conv"),
+              tf_keras.layers.MaxPooling2D(2, name="pool"),
+              tf_keras.layers.Flatten(name="flatten"),
+              tf_keras.layers.Dense(model_config.dense_units, activation="relu", name="hidden")]
+  else:
+    layers = [tf_keras.layers.Flatten(name="flatten"),
+              tf_keras.layers.Dense(model_config.mlp_units, activation="relu", name="hidden"),
+              tf_keras.layers.Dropout(model_config.dropout_rate, name="dropout")]
+  return tf_keras.Sequential(
+      [tf_keras.Input(shape=_IMAGES_SPEC().shape[1:], name="images"), *layers,
+       tf_keras.layers.Dense(model_config.num_classes, name="logits")], name=_MODEL.value)
+
+
+def _orbit() -> dict:
+  import orbit  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  if tf.keras.__name__.split(".")[0] != "tf_keras":
+    raise ValueError("tf.keras is not tf-keras here: set TF_USE_LEGACY_KERAS=1 before "
+                     "TensorFlow is imported")
+  strategy, splits, config = _setup()
+  initial_weights = models.build(config.model, _IMAGES_SPEC()).get_weights()  # seed 0, as all
+  dataset = strategy.experimental_distribute_dataset(_in_memory_dataset(splits))
+  loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, reduction=tf_keras.losses.Reduction.NONE)
+
+  class Trainer(orbit.StandardTrainer):
+    """The custom-training-loop tutorial's step in orbit's tf.while_loop."""
+
+    def __init__(self):
+      self.model = _tf_keras_model(config.model, tf_keras)
+      self.model.set_weights(initial_weights)
+      self.optimizer = tf_keras.optimizers.Adam(config.train.learning_rate)
+      self.global_step = orbit.utils.create_global_step()  # as Model Garden's Trainer
+      self.train_loss = tf_keras.metrics.Mean("loss", dtype=tf.float32)
+      self.train_accuracy = tf_keras.metrics.SparseCategoricalAccuracy("accuracy")
+      super().__init__(dataset, options=orbit.StandardTrainerOptions(
+          use_tf_while_loop=True, use_tf_function=True))
+
+    def train_loop_begin(self):
+      self.train_loss.reset_states()
+      self.train_accuracy.reset_states()
+
+    def train_step(self, iterator):
+      def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+          logits = self.model(images, training=True)
+          per_example_loss = loss_fn(labels, logits)
+          loss = tf.nn.compute_average_loss(per_example_loss,
+                                            global_batch_size=_BATCH.value)
+        variables = self.model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        # tf-keras sums the gradients over replicas here: the loss is over the global batch.
+        self.optimizer.apply_gradients(zip(grads, variables))
+        self.train_loss.update_state(tf.reduce_mean(per_example_loss))
+        self.train_accuracy.update_state(labels, logits)
+        self.global_step.assign_add(1)
+
+      strategy.run(replica_step, args=next(iterator))
+
+    def train_loop_end(self):
+      return {"loss": self.train_loss.result(), "accuracy": self.train_accuracy.result()}
+
+  with strategy.scope():
+    trainer = Trainer()
+  losses = []  # every loop's mean loss, as a tensor: read after the timed runs
+  controller = orbit.Controller(trainer=trainer, strategy=strategy,
+                                global_step=trainer.global_step,
+                                steps_per_loop=_STEPS_PER_LOOP.value,
+                                train_actions=[lambda output: losses.append(output["loss"])])
+
+  def run(num_steps):
+    controller.train(int(trainer.global_step.numpy()) + num_steps)  # syncs at every loop
+
+  rate = _marginal(run)
+  moved = max(float(abs(after - before).max())
+              for after, before in zip(trainer.model.get_weights(), initial_weights))
+  return {"examples_per_sec": rate, "steps": int(trainer.global_step.numpy()),
+          "first_loop_loss": float(losses[0]), "last_loop_loss": float(losses[-1]),
+          "largest_weight_change": moved}
+
+
 def _pipeline() -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching  # pylint: disable=g-import-not-at-top
@@ -267,10 +373,12 @@ def _one_line(error: Exception) -> str:
 def main(argv):
   del argv
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
+  if _RUNNER.value == "orbit":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf-keras: orbit's Keras
   from trainer import runtime  # pylint: disable=g-import-not-at-top  (picks the CPU kernels first)
   try:
     runners = {"fit": _fit, "bare": _bare, "bare_xla": lambda: _bare(jit_compile=True),
-               "pipeline": _pipeline}
+               "orbit": _orbit, "pipeline": _pipeline}
     result = {**runners[_RUNNER.value](), "device": _device(), "cpu_kernels": runtime.cpu_kernels()}
   except Exception as e:  # pylint: disable=broad-except
     print("ERROR " + _one_line(e), flush=True)

@@ -1,9 +1,13 @@
-"""distloop vs Keras `fit` vs a bare loop, here: `python -m benchmarks.throughput`.
+"""distloop vs Keras `fit`, a bare loop and orbit, here: `python -m benchmarks.throughput`.
 
 Answers "what does the readable loop cost?": steady-state training examples/s of
 (a) the distloop CLI, (b) Keras `model.fit` at its best setting and (c) a bare
 minimal loop (the ceiling) and (c') the same loop with the whole step under XLA
-(the accelerator ceiling; one replica), all on the same model (the seed CNN, or
+(the accelerator ceiling; one replica), and (o) TF Model Garden's orbit (its
+`Controller` and a `StandardTrainer` with the custom-training-loop tutorial's step
+in orbit's `tf.while_loop`: the loop users would pick instead; it runs in its own
+environment, made by benchmarks/orbit_env.sh, since orbit and tf-keras are no
+distloop dependencies), all on the same model (the seed CNN, or
 `--model=mlp --mlp_units=8` for per-step overhead), Adam(1e-3), global batch,
 strategy and synthetic data, at each --batches x --replicas. Also: (d) what
 distloop's input pipeline delivers alone, (e) what an async checkpoint every
@@ -11,19 +15,21 @@ distloop's input pipeline delivers alone, (e) what an async checkpoint every
 writes it to --output).
 
 How it stays fair:
-- Every measurement is its own fresh process, and distloop / fit / bare
-  alternate (A/B/C/A/B/C...), so a drift of the machine hits all three alike;
-  tables show the median of --repeats, with the range.
-- Steady state for all three. distloop: the wall clock between its first and
+- Every measurement is its own fresh process, and distloop / fit / bare / orbit
+  alternate (A/B/C/D/A/B/C/D...; --peers picks which run), so a drift of the
+  machine hits all alike; tables show the median of --repeats, with the range
+  (ratios: the median ones' ratio, with the range of the rounds' paired ratios).
+- Steady state for all. distloop: the wall clock between its first and
   last loop boundary (the timestamps of the `loss` events it writes to
   TensorBoard at every boundary), so the first, tracing loop is left out but all
   the work between loops (metrics read, logs, summaries, checkpoints) is in.
   summary.json's `examples_per_sec` times only the compiled loops; it is shown
   beside it. fit: the same window, from its first to its last execution's end
   (a callback); bare: marginal throughput between runs of S/4 and S steps after
-  a warm-up (benchmarks/runners.py).
+  a warm-up (benchmarks/runners.py); orbit: the same, each run one
+  `Controller.train` call.
 - The same CPU kernels (--cpu_kernels: oneDNN, which distloop turns on, or
-  Eigen) for distloop and both bare loops.
+  Eigen) for distloop, both bare loops and orbit.
 - fit's best setting is found first, one process per `steps_per_execution` in
   {1, L} x `jit_compile` in {False, True} with those kernels, and {1, L} without
   XLA with the other ones (TensorFlow's own default on an AVX2 CPU is Eigen);
@@ -84,6 +90,14 @@ _QUICK = flags.DEFINE_bool("quick", False,
                            "a smoke test: 1 repeat, 200 steps, fit's and the checkpoint "
                            "baseline's runs reused; its numbers are noise")
 
+_PEERS = flags.DEFINE_list("peers", ["fit", "bare", "orbit"],
+                           "what distloop is compared with: fit (Keras model.fit at its best "
+                           "setting), bare (the bare loops), orbit (TF Model Garden's; left "
+                           "out with a note when its environment is missing)")
+_ORBIT_PYTHON = flags.DEFINE_string("orbit_python", "",
+                                    "the interpreter of orbit's environment (default: the one "
+                                    "benchmarks/orbit_env.sh makes, under "
+                                    "~/.cache/distloop-bench/orbit-venv)")
 _QUICK_STEPS = 200
 
 
@@ -115,10 +129,11 @@ def _failure(command: list[str], code: int, stderr: str) -> SystemExit:
 
 
 def _runner(name: str, batch: int, replicas: int, steps: int, *extra: str,
-            may_fail: bool = False, kernels: str = "") -> dict:
-  """One measurement of benchmarks/runners.py (fit, bare, pipeline) in a fresh process."""
-  command = [sys.executable, "-m", "benchmarks.runners", f"--runner={name}", f"--batch={batch}",
-             f"--replicas={replicas}", f"--steps={steps}",
+            may_fail: bool = False, kernels: str = "", python: str = "") -> dict:
+  """One measurement of benchmarks/runners.py (fit, bare, orbit, pipeline) in a fresh
+  process, run by `python` (default: this interpreter)."""
+  command = [python or sys.executable, "-m", "benchmarks.runners", f"--runner={name}",
+             f"--batch={batch}", f"--replicas={replicas}", f"--steps={steps}",
              f"--steps_per_loop={_STEPS_PER_LOOP.value}", f"--model={_MODEL.value}",
              f"--mlp_units={_MLP_UNITS.value}", *extra]
   stdout, stderr, code, peak_rss_mb = _run_child(command, kernels or _CPU_KERNELS.value)
@@ -181,6 +196,33 @@ def _loop_boundaries(event_dir: str) -> list[tuple[int, float]]:
   return sorted(points)
 
 
+# -- orbit's environment -------------------------------------------------------
+
+
+def _orbit_python() -> str:
+  """The interpreter that runs orbit: --orbit_python, else benchmarks/orbit_env.sh's venv."""
+  if _ORBIT_PYTHON.value:
+    return _ORBIT_PYTHON.value
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "distloop-bench", "orbit-venv", "bin", "python")
+
+
+def _peers() -> tuple[list[str], str | None]:
+  """(the peers to run, in --peers order, why orbit was left out or None): orbit needs
+  its own interpreter."""
+  peers = list(dict.fromkeys(_PEERS.value))
+  for name in peers:
+    if name not in _PEER_COLUMNS:
+      raise app.UsageError(f"--peers: {name!r} is not one of {', '.join(_PEER_COLUMNS)}")
+  if "orbit" in peers and not os.access(_orbit_python(), os.X_OK):
+    peers.remove("orbit")
+    return peers, (f"orbit was left out: no interpreter at {_orbit_python()}. Create its "
+                   "environment with `sh benchmarks/orbit_env.sh` (a venv with "
+                   "tf-models-official and tf-keras over this TensorFlow), or pass "
+                   "--orbit_python=PATH.")
+  return peers, None
+
+
 # -- the plan ----------------------------------------------------------------
 
 
@@ -236,35 +278,45 @@ def _spread(runs: list[dict], key: str = "examples_per_sec") -> str:
   return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
-def _measure_training(batch: int, replicas: int, repeats: int) -> dict:
-  """fit's settings, then `repeats` rounds of distloop / fit / bare."""
+def _measure_training(batch: int, replicas: int, repeats: int, peers: list[str]) -> dict:
+  """fit's settings, then `repeats` rounds of distloop and the `peers` (fit, bare, orbit)."""
   steps = _steps(batch)
-  settings = {}
-  for setting in _fit_settings():  # one process each: a failure must not poison the next
+  settings, best = {}, None
+  for setting in _fit_settings() if "fit" in peers else []:  # one process each: a failure
+    # must not poison the next
     settings[setting] = _runner("fit", batch, replicas, _sweep_steps(batch), *_fit_flags(setting),
                                 may_fail=True, kernels=setting[2])
     rate = settings[setting].get("examples_per_sec")
     _progress(f"  batch {batch}, {replicas} replica(s), fit {_describe(setting)}: "
               + (f"{rate:.0f} ex/s" if rate else f"failed ({settings[setting]['error']})"))
   working = {s: r for s, r in settings.items() if "error" not in r}
-  if not working:
+  if "fit" in peers and not working:
     raise SystemExit(f"fit failed in every setting at batch {batch}, {replicas} replica(s)")
-  best = max(working, key=lambda s: working[s]["examples_per_sec"])
+  if working:
+    best = max(working, key=lambda s: working[s]["examples_per_sec"])
 
-  runs = {"distloop": [], "fit": [], "bare": [], "bare_xla": []}
+  runs = {"distloop": [], "fit": [], "bare": [], "bare_xla": [], "orbit": []}
   for repeat in range(repeats):
     runs["distloop"].append(_distloop(batch, replicas, steps))
-    if repeat == 0 and (_QUICK.value or len(_fit_settings()) == 1):  # the one setting's run
+    if "fit" not in peers:
+      pass
+    elif repeat == 0 and (_QUICK.value or len(_fit_settings()) == 1):  # the one setting's run
       runs["fit"].append(working[best])
     else:
       runs["fit"].append(_runner("fit", batch, replicas, steps, *_fit_flags(best),
                                  kernels=best[2]))
-    runs["bare"].append(_runner("bare", batch, replicas, steps))
-    if replicas == 1:
-      runs["bare_xla"].append(_runner("bare_xla", batch, replicas, steps))
-    _progress(f"  batch {batch}, {replicas} replica(s), {steps} steps: distloop / fit / bare "
-              "/ bare_xla = " + " / ".join(f"{runs[name][-1]['examples_per_sec']:.0f}"
-                                           for name in runs if runs[name]) + " ex/s")
+    if "bare" in peers:
+      runs["bare"].append(_runner("bare", batch, replicas, steps))
+      if replicas == 1:
+        runs["bare_xla"].append(_runner("bare_xla", batch, replicas, steps))
+    if "orbit" in peers:
+      runs["orbit"].append(_runner("orbit", batch, replicas, steps, python=_orbit_python()))
+    ran = [name for name in runs if runs[name]]
+    _progress(f"  batch {batch}, {replicas} replica(s), {steps} steps: " + " / ".join(ran)
+              + " = " + " / ".join(f"{runs[name][-1]['examples_per_sec']:.0f}" for name in ran)
+              + " ex/s" + (f"; orbit's loss {runs['orbit'][-1]['first_loop_loss']:.3f} (first "
+                           f"loop) -> {runs['orbit'][-1]['last_loop_loss']:.3f} (last)"
+                           if runs["orbit"] else ""))
   return {"steps": steps, "settings": settings, "best": best, "runs": runs}
 
 
@@ -347,22 +399,46 @@ class _ForeignLoad:
     return max(0.0, (busy1 - busy0) - (own1 - own0)) / ((t1 - t0) * os.cpu_count())
 
 
-def _training_section(training: dict) -> list[str]:
+# The peers' columns: (runs key, rate column, ratio column), in the table's order.
+_PEER_COLUMNS = {"fit": [("fit", "fit (best setting)", "distloop / fit")],
+                 "bare": [("bare", "bare loop", "distloop / bare"),
+                          ("bare_xla", "bare loop, whole step XLA", "distloop / bare XLA")],
+                 "orbit": [("orbit", "orbit", "distloop / orbit")]}
+
+
+def _ratio(ours: list[dict], theirs: list[dict]) -> str:
+  """distloop's median over the peer's, and the range of the rounds' paired ratios."""
+  if not theirs:
+    return "-"
+  ratios = [a["examples_per_sec"] / b["examples_per_sec"] for a, b in zip(ours, theirs)]
+  text = f"{_median(ours) / _median(theirs):.2f}x"
+  return text if len(ratios) == 1 else f"{text} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _training_section(training: dict, peers: list[str]) -> list[str]:
+  columns = [column for peer in peers for column in _PEER_COLUMNS[peer]]
   lines = ["## Training throughput (examples/s)", "",
-           "Median of the fresh-process runs (min-max in parentheses).", "",
-           "| batch | replicas | steps | distloop | distloop, summary.json | fit (best setting) | "
-           "bare loop | bare loop, whole step XLA | distloop / fit | distloop / bare | "
-           "distloop / bare XLA |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "Median of the fresh-process runs (min-max in parentheses; a ratio's range is "
+           "that of the rounds' paired ratios).", "",
+           "| " + " | ".join(["batch", "replicas", "steps", "distloop", "distloop, summary.json",
+                              *(title for _, title, _ in columns),
+                              *(ratio for _, _, ratio in columns)]) + " |",
+           "| ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (2 * len(columns))]
   for (batch, replicas), result in training.items():
     runs = result["runs"]
-    ours, fit, bare = (_median(runs[name]) for name in ("distloop", "fit", "bare"))
-    xla = _median(runs["bare_xla"]) if runs["bare_xla"] else None
-    lines.append(
-        f"| {batch} | {replicas} | {result['steps']} | {_spread(runs['distloop'])} | "
-        f"{_spread(runs['distloop'], 'summary_examples_per_sec')} | {_spread(runs['fit'])} | "
-        f"{_spread(runs['bare'])} | {_spread(runs['bare_xla']) if xla else '-'} | "
-        f"{ours / fit:.2f}x | {ours / bare:.2f}x | {f'{ours / xla:.2f}x' if xla else '-'} |")
+    lines.append("| " + " | ".join(
+        [str(batch), str(replicas), str(result["steps"]), _spread(runs["distloop"]),
+         _spread(runs["distloop"], "summary_examples_per_sec"),
+         *(_spread(runs[key]) if runs[key] else "-" for key, _, _ in columns),
+         *(_ratio(runs["distloop"], runs[key]) for key, _, _ in columns)]) + " |")
+  if "orbit" in peers:
+    lines += ["", "orbit's loss, mean over its first and last loop of each run: "
+              + "; ".join(f"batch {batch} x {replicas}: "
+                          + ", ".join(f"{run['first_loop_loss']:.3f} -> {run['last_loop_loss']:.3f}"
+                                      for run in result["runs"]["orbit"])
+                          for (batch, replicas), result in training.items()) + "."]
+  if "fit" not in peers:
+    return lines + [""]
   lines += ["", "### fit's settings", "",
             "One process each (--fit_settings: steps_per_execution, jit_compile, TensorFlow's "
             "CPU kernels), at half the steps (at least 4 loops); the fastest (bold) is the fit "
@@ -466,47 +542,58 @@ def _extra_seconds_per_save(runs: list[dict], interval: int, steps: int) -> floa
   return statistics.median(extras) if extras else None
 
 
-def _memory_section(training: dict) -> list[str]:
+def _memory_section(training: dict, peers: list[str]) -> list[str]:
+  names = ["distloop", *peers]
   lines = ["## Peak RSS (MB)", "",
            "Each child's own peak resident set (`ru_maxrss` from `os.wait4`); median over the "
            "runs.", "",
-           "| batch | replicas | distloop | fit | bare loop |",
-           "| ---: | ---: | ---: | ---: | ---: |"]
+           "| batch | replicas | " + " | ".join({"bare": "bare loop"}.get(name, name)
+                                              for name in names) + " |",
+           "| ---: | ---: |" + " ---: |" * len(names)]
   for (batch, replicas), result in training.items():
     runs = result["runs"]
     lines.append(f"| {batch} | {replicas} | "
                  + " | ".join(f"{_median(runs[name], 'peak_rss_mb'):.0f}"
-                              for name in ("distloop", "fit", "bare")) + " |")
+                              for name in names) + " |")
   return lines + [""]
 
 
-_NOTES = """## What differs between the three
+_NOTES = """## What differs between them
 
 - Same: the model (`--model`: the seed CNN of configs/synthetic.py, or the MLP),
   its initial weights (seed 0), Adam(1e-3), the global batch, the strategy, the
   10,000 synthetic training examples held in memory, and TensorFlow's CPU kernels
-  (--cpu_kernels; fit also tries the other ones and keeps the faster).
+  (--cpu_kernels; fit also tries the other ones and keeps the faster). orbit's
+  model and Adam are tf-keras's (`TF_USE_LEGACY_KERAS=1`: what orbit is written
+  for), the same layers given the same initial weights.
 - Work per step: distloop also computes the gradient's global norm and sums
   examples, loss and correct predictions as values carried by its compiled loop,
   and checks every weight is finite once per loop; it all-reduces explicitly and
   applies the update through `merge_call`. fit computes loss and accuracy
   metrics. bare computes nothing beyond the update; bare_xla is bare with the
-  whole step (forward, backward, Adam) in one XLA cluster.
+  whole step (forward, backward, Adam) in one XLA cluster. orbit runs the
+  custom-training-loop tutorial's step: the loss over the global batch,
+  `apply_gradients` in the replica step (tf-keras sums the gradients over
+  replicas there), a loss mean and an accuracy metric (as Model Garden's trainers
+  keep); tf-keras's Adam compiles its update with XLA on a GPU only.
 - Between loops: distloop reads its sums (one host sync), logs a line and writes
   its TensorBoard scalars in one compiled call per loop, all inside its timed
-  window; fit (verbose=0, no callbacks) and bare do nothing between steps.
+  window; fit (verbose=0, no callbacks) and bare do nothing between steps;
+  orbit's Controller reads the global step and the metrics and prints its log
+  line after every loop (no summaries, no checkpoints: none configured).
 - Data: distloop gathers each batch from uint8 arrays by a stateless permutation
   of every position (exact resume) and scales it to [0, 1] (in tf.data on a CPU,
-  in the step on an accelerator); fit and
-  bare read float32 arrays through `shuffle(10000).repeat().batch().prefetch()`.
+  in the step on an accelerator); fit, bare and orbit read float32 arrays through
+  `shuffle(10000).repeat().batch().prefetch()`.
   Both pipelines deliver far more than training consumes (the pipeline table).
 - Timing: distloop's window is one process's wall clock between its first and last
   loop boundary, fit's between the end of its first and last execution (a callback),
-  bare's the difference of two timed runs in one warm process. All leave out
-  tracing and start-up, and none includes the final eval, checkpoint or export.
-- Steps per call: distloop and bare run `steps_per_loop` steps per tf.function
-  call; fit runs its winning `steps_per_execution` (see fit's settings: where the
-  larger one fails, fit pays Python and a dispatch on every step).
+  bare's and orbit's the difference of two timed runs in one warm process. All
+  leave out tracing and start-up, and none includes the final eval, checkpoint or export.
+- Steps per call: distloop, bare and orbit (its `tf.while_loop`) run
+  `steps_per_loop` steps per tf.function call; fit runs its winning
+  `steps_per_execution` (see fit's settings: where the larger one fails, fit pays
+  Python and a dispatch on every step).
 """
 
 
@@ -519,13 +606,16 @@ def main(argv):
     for replicas in replica_counts:
       if batch % replicas:
         raise app.UsageError(f"batch {batch} does not divide into {replicas} replicas")
+  peers, orbit_missing = _peers()
+  if orbit_missing:
+    _progress(orbit_missing)
   foreign_load = _ForeignLoad()
 
   training, pipeline = {}, {}
   for batch in batches:
     for replicas in replica_counts:
       _progress(f"training: batch {batch}, {replicas} replica(s)")
-      training[batch, replicas] = _measure_training(batch, replicas, repeats)
+      training[batch, replicas] = _measure_training(batch, replicas, repeats, peers)
   for batch in batches if _PIPELINE.value else []:
     for replicas in replica_counts:
       pipeline[batch, replicas] = [_runner("pipeline", batch, replicas, _steps(batch))
@@ -540,25 +630,32 @@ def main(argv):
     checkpoint_cost = _measure_checkpoint_cost(
         checkpoint_batch, checkpoint_replicas, repeats,
         training[checkpoint_batch, checkpoint_replicas]["runs"]["distloop"])
-  device = next(iter(training.values()))["runs"]["bare"][0].get("device", "unknown")
+  first_runs = next(iter(training.values()))["runs"]
+  device = next((runs[0]["device"] for runs in first_runs.values()
+                 if runs and "device" in runs[0]), "unknown")
+  names = {"fit": "Keras fit", "bare": "a bare loop", "orbit": "orbit"}
 
   report = "\n".join([
-      "# distloop throughput vs Keras fit vs a bare loop", "",
+      "# distloop throughput" + (" vs " + ", ".join(names[peer] for peer in peers[:-1])
+                                 + (" and " if len(peers) > 1 else "") + names[peers[-1]]
+                                 if peers else ""), "",
       *_machine(),
       f"- device that ran the steps: {device}",
       f"- other processes used {foreign_load.share():.0%} of the machine's CPU time while this "
       "ran (0% = a quiet machine; more makes every number noisier)", "",
       "Command: `" + " ".join(["python -m benchmarks.throughput", *sys.argv[1:]]) + "`", "",
-      f"CPU kernels of distloop and the bare loops: "
+      f"CPU kernels of distloop, the bare loops and orbit: "
       f"{ {'onednn': 'oneDNN', 'eigen': 'Eigen'}[_CPU_KERNELS.value]} "
       f"(TF_ENABLE_ONEDNN_OPTS={_onednn_env(_CPU_KERNELS.value)}).", "",
-      f"Every number is the median of {repeats} fresh process(es); distloop, fit and bare "
-      f"alternate. Synthetic data, the {_model_name()}, Adam(1e-3), "
-      f"{_STEPS_PER_LOOP.value} steps per loop.", "",
-      *_training_section(training),
+      f"Every number is the median of {repeats} fresh process(es)"
+      + (f"; {', '.join(['distloop', *peers])} alternate" if peers else "")
+      + f". Synthetic data, the {_model_name()}, Adam(1e-3), {_STEPS_PER_LOOP.value} steps "
+      "per loop.", "",
+      *([orbit_missing, ""] if orbit_missing else []),
+      *_training_section(training, peers),
       *(_pipeline_section(pipeline, training) if pipeline else []),
       *(_checkpoint_section(checkpoint_cost) if checkpoint_cost else []),
-      *_memory_section(training),
+      *_memory_section(training, peers),
       _NOTES])
   print(report)
   if _OUTPUT.value:
