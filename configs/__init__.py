@@ -11,3 +11,12 @@ NAMES = ("synthetic", "mnist_cnn", "tabular", "regression", "image_folder")
 def path_of(name: str) -> str:
   """The file that defines config `name`."""
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+
+
+def get(name: str):
+  """The built-in config `name` (a fresh, locked ConfigDict: `unlock()` to add fields;
+  setting existing ones needs no unlock)."""
+  if name not in NAMES:
+    raise ValueError(f"no built-in config {name!r} (one of {', '.join(NAMES)})")
+  import importlib  # pylint: disable=g-import-not-at-top
+  return importlib.import_module(f"configs.{name}").get_config()

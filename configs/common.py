@@ -33,6 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.channels = 3             # image_folder: 3 (RGB) or 1 (grayscale)
 
   config.train = ml_collections.ConfigDict()
+  config.train.task = ""               # "" = the built-in supervised step (model, loss, metrics below) | MODULE:FUNCTION returning a trainer.Task (or a Task class): your own step
+  config.train.actions = ""            # comma-separated MODULE:FUNCTION, each FUNCTION(config) -> trainer.Action(s): your code at loop boundaries (README: Actions)
   config.train.steps = 300             # total optimizer steps of the run
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)

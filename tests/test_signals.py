@@ -3,8 +3,9 @@ during the restore, during the final eval and while the final export runs. Each 
 as 42 or 0 with no traceback, and the job resumed with the same command ends with the
 weights of an uninterrupted run (deterministic kernels, <= 1e-6).
 
-Phases are reached through test hold points (trainer/hold_points.py): the trainer logs
-`test hold at PHASE` and waits for a file; the test signals it, then creates the file.
+Phases are reached through a test's Action (tests/hold_actions.py, train.actions): the
+trainer logs `test hold at PHASE` and waits for a file; the test signals it, then creates
+the file.
 """
 import os
 import re
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.cli import run_trainer, train_ok
+from tests.cli import REPO, run_trainer, train_ok
 from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
                              loopback_only, needs_loopback)
 from trainer import continuous_eval
@@ -35,8 +36,11 @@ def uninterrupted(tmp_path_factory):
   return checkpoint_arrays(model_dir, _STEPS)
 
 
+_HOLD = f"--config.train.actions={os.path.join(REPO, 'tests', 'hold_actions.py')}:hold"
+
+
 def _held(model_dir, hold_file, phase: str, *flags: str) -> TrainerProcess:
-  return TrainerProcess(model_dir, *_FLAGS, *flags, env={
+  return TrainerProcess(model_dir, *_FLAGS, *flags, _HOLD, env={
       "DISTLOOP_TEST_HOLD": phase, "DISTLOOP_TEST_HOLD_FILE": str(hold_file)})
 
 
@@ -99,8 +103,8 @@ def test_sigterm_during_restore_exits_42_at_the_restored_step(tmp_path, uninterr
   stopped_at = int(re.search(r"preempted at step (\d+)", first.output).group(1))
 
   hold_file = tmp_path.parent / f"{tmp_path.name}.go"
-  restoring = _held(tmp_path, hold_file, "restore")
-  assert _signal_at_hold(restoring, hold_file, "restore") == 42, restoring.output[-3000:]
+  restoring = _held(tmp_path, hold_file, "restored")
+  assert _signal_at_hold(restoring, hold_file, "restored") == 42, restoring.output[-3000:]
   _assert_clean(restoring.output)
   assert f"preempted at step {stopped_at}; its checkpoint is on disk" in restoring.output
   assert not re.search(r"step \d+/", restoring.output)  # it trained nothing

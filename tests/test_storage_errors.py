@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.cli import run_trainer
+from tests.cli import REPO, run_trainer
 from tests.processes import TrainerProcess, checkpoint_arrays
 
 _FLAGS = ["--config=synthetic", "--config.train.steps=60", "--config.train.global_batch_size=48",
@@ -132,7 +132,8 @@ def test_disk_full_during_the_export(tmp_path, tmpfs):
 def test_disk_full_writing_summary_json(tmp_path, tmpfs):
   model_dir = tmpfs(tmp_path / "run", "24m")
   hold_file = tmp_path / "go"
-  process = TrainerProcess(model_dir, *_FLAGS, env={"DISTLOOP_TEST_HOLD": "summary",
+  hold = f"--config.train.actions={os.path.join(REPO, 'tests', 'hold_actions.py')}:hold"
+  process = TrainerProcess(model_dir, *_FLAGS, hold, env={"DISTLOOP_TEST_HOLD": "summary",
                                                     "DISTLOOP_TEST_HOLD_FILE": str(hold_file)})
   try:
     process.wait_for(r"test hold at summary")

@@ -15,3 +15,17 @@ import platform as _platform
 
 if _platform.machine().lower() in ("x86_64", "amd64"):
   _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+# The public API, imported on first use (so that `python -m trainer` checks flags and
+# config before TensorFlow loads): trainer.run (every mode), trainer.Task, trainer.Export,
+# trainer.Action.
+_API = {"Task": "trainer.task", "Export": "trainer.task", "BuildContext": "trainer.task",
+        "StepContext": "trainer.task", "run": "trainer.api", "Action": "trainer.actions",
+        "Boundary": "trainer.actions"}
+
+
+def __getattr__(name):
+  if name in _API:
+    import importlib  # pylint: disable=g-import-not-at-top
+    return getattr(importlib.import_module(_API[name]), name)
+  raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -1,23 +1,18 @@
 """`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
 
-Order matters here: SIGTERM/SIGINT/SIGHUP are caught before anything else (a signal
-at any moment is a request to stop, trainer/preemption.py; during start-up it ends
-the run within seconds, a hung plug-in or config included); flags, config (chosen
-and loaded by trainer/config_file.py; a resume's changes checked by
-trainer/config_changes.py), model_dir's shape and data are checked before
-TensorFlow is imported and before anything is written, so bad
-input costs a second and leaves model_dir untouched; then, with the runtime up,
-the batch sizes against the splits and the memory available
-(input_pipelines/memory.py) and a tf.data stream's element spec; the writer
-lock on model_dir is taken only then (trainer/writer_lock.py). Exit codes: 0 done, 1 failure, 2 bad
-input, 42 preempted.
+The command line over the Python API (trainer/api.py, where the order of the
+checks is): SIGTERM/SIGINT/SIGHUP are caught before anything else (a signal at
+any moment is a request to stop, trainer/preemption.py; during start-up it ends
+the run within seconds, a hung plug-in or config included); then the flags and
+the config (chosen and loaded by trainer/config_file.py), then api.execute. Each
+error it raises becomes one line on stderr and the exit code of
+trainer/errors.py's table: 0 done, 1 failure, 2 bad input, 42 preempted.
 """
 if __name__ == "__main__":  # first of all, before the heavier imports below
   from trainer import preemption as _early  # pylint: disable=g-import-not-at-top
   _early.install(start_up=True)
 
-import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
+import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 import re
 import sys
@@ -30,20 +25,18 @@ from ml_collections import config_flags
 
 import configs
 import input_pipelines
-from input_pipelines import memory
-from trainer import config_changes
 from trainer import config_file
 from trainer import continuous_eval
 from trainer import logs
 from trainer import outputs
-from trainer import plugins
 from trainer import preemption
 from trainer import validation
-from trainer import writer_lock
+from trainer import api
+from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer.errors import exit_code
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_PREEMPTED = 0, 1, 2, 42
+MODES = api.MODES
 
 # No default here: trainer/config_file.py chooses it (a model_dir's config.json, or
 # synthetic) and inserts it, so that a config always loads through its Parser.
@@ -73,174 +66,46 @@ def main(argv):
   immediately = False
   try:
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
-  except (UserError, input_pipelines.DataError) as e:
-    code, line = EXIT_BAD_INPUT, str(e)
-  except (NonFiniteError, continuous_eval.Unfinished, StorageError) as e:
-    code, line = EXIT_FAILURE, str(e)
   except Preempted as e:
     _report_preempted(e)
     code, line = EXIT_PREEMPTED, None
   except Exception as e:  # pylint: disable=broad-except
-    data_error = _data_error_inside(e)
-    if _XLA_NOT_DETERMINISTIC in str(e):
-      code, line = EXIT_BAD_INPUT, (
-          "runtime.jit_compile=true cannot be runtime.deterministic=true for this model: XLA "
-          f"has no deterministic kernel for one of its ops ({_first_op_line(str(e))}); set "
-          "one of them to false")
-    elif data_error is not None:
-      # tf.data threads may still be inside the source's __getitem__: leave at once.
-      code, line, immediately = EXIT_BAD_INPUT, data_error, True
-    else:
+    error = api.translate(e) or e
+    code = exit_code(error)
+    line = None if code == EXIT_FAILURE and error is e and not _one_line(e) else str(error)
+    # tf.data threads may still be inside the source's __getitem__: leave at once.
+    immediately = isinstance(error, api.DataErrorInTfData)
+    if line is None:
       traceback.print_exc()
-      code, line = EXIT_FAILURE, None
   if line is not None:
     _fail(code, line, immediately=immediately)
   sys.exit(code)
 
 
+def _one_line(error: Exception) -> bool:
+  """Errors whose message is the whole story (no traceback)."""
+  return isinstance(error, (UserError, input_pipelines.DataError, NonFiniteError,
+                            continuous_eval.Unfinished, StorageError))
+
+
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
-  with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
-    validation.check_config(config)
-  outputs.check_layout(model_dir)
-  if checkpoint_step is not None and mode != "eval":
-    raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
-  if _is_parameter_server_task(config):
+  if api.is_parameter_server_task(config):
+    with logs.native_startup_silenced():
+      validation.check_config(config)
     preemption.end_start_up()  # a server polls the flag
     return _serve()
-  _stop_if_signalled(config)
+  result = api.execute(config, model_dir, mode, checkpoint_step)
   if mode in ("train", "train_and_eval"):
-    config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
-    step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
-    if step is not None:
-      print(f"Already finished at step {step} in {model_dir}; nothing to do "
+    if result.get("already_finished"):
+      print(f"Already finished at step {result['step']} in {model_dir}; nothing to do "
             f"(summary: {outputs.summary_path(model_dir)}).")
-      return EXIT_OK
-  # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
-  # download path does import TensorFlow, hence the silenced start-up lines.)
-  with logs.native_startup_silenced():
-    splits = plugins.load_data(config.data, config.runtime.seed)
-    from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
-    from trainer import loop  # pylint: disable=g-import-not-at-top
-    from trainer import runtime  # pylint: disable=g-import-not-at-top
-    if config.runtime.strategy == "multi_worker_mirrored":
-      preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
-    runtime.configure(config.runtime)
-    strategy = runtime.create_strategy(config.runtime)
-    runtime.seed(config.runtime)
-  preemption.install()  # again: a multi-worker runtime installs a SIGTERM handler of its own
-  runtime.check_batch_divisible(strategy, config.train.global_batch_size)
-  training = mode in ("train", "train_and_eval")
-  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
-                       eval_batch=config.eval.global_batch_size,
-                       processes=runtime.num_workers(strategy))
-  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
-    if isinstance(source, input_pipelines.StreamSource):
-      batching.example_spec(source)
-  _stop_if_signalled(config)
-
-  with (_writer(model_dir) if training and runtime.is_chief(strategy)
-        else contextlib.nullcontext()):
-    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits)
-
-
-def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
-              splits) -> int:
-  from trainer import loop  # pylint: disable=g-import-not-at-top
-  training = mode in ("train", "train_and_eval")
-  trainer = loop.Trainer(config, model_dir, strategy, splits, read_only=not training)
-  preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
-  try:
-    if training:
-      summary = trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
-      _log_summary(summary, model_dir)
-      return EXIT_OK
-    # Which config a mode used: logged once past the refusals that are one line alone.
-    if mode == "continuous_eval":
-      logging.info("continuous_eval with %s", _config_used)
-      continuous_eval.ContinuousEval(
-          trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
-          timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
-          stopped=preemption.requested).run()
-      return EXIT_OK
-    position = (trainer.restore_latest() if checkpoint_step is None
-                else _restore_step(trainer, checkpoint_step))
-    if position is None:
-      raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
-    if preemption.requested():  # eval and export are single-process: decide locally
-      raise Preempted(position.step)
-    logging.info("%s of step %d with %s", mode, position.step, _config_used)
-    if mode == "eval":
-      result = trainer.evaluate(position.step)
-      print(json.dumps({"step": position.step, **result}))
-    elif mode == "export":
-      print(trainer.export(position.step))
-    return EXIT_OK
-  finally:
-    trainer.close()
-
-
-@contextlib.contextmanager
-def _writer(model_dir: str):
-  """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
-
-  Taken after every check that needs no model (so a refused run never creates
-  model_dir); a refusal inside the block (another model's checkpoint, bad data found
-  by the model's checks or in training), or a signal before training (a hung model
-  builder: trainer/preemption.py), removes the lock file, and model_dir if taking the
-  lock created it and it holds no results. With the lock held, unfinished orbax
-  temporaries cannot be another live writer's: they are removed. A directory that
-  cannot be written fails here (exit 1), not at the first save after training.
-  """
-  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
-  lock = writer_lock.WriterLock.acquire(model_dir)
-  refused = False
-  try:
-    with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
-      outputs.check_writable(model_dir)
-      for directory in (outputs.checkpoint_dir(model_dir),
-                        outputs.best_checkpoint_dir(model_dir)):
-        removed = checkpoints.remove_temporaries(directory)
-        if removed:
-          logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
-                       len(removed), directory, ", ".join(removed))
-      yield lock
-  except Exception as e:  # pylint: disable=broad-except  (re-raised)
-    refused = _is_bad_input(e) and not outputs.holds_results(model_dir)
-    raise
-  except Preempted as e:  # stopped before training: leave model_dir as a refusal does
-    refused = e.step is None and not outputs.holds_results(model_dir)
-    raise
-  finally:
-    lock.release(refused=refused)
-
-
-def _is_bad_input(error: Exception) -> bool:
-  """Whether main() reports `error` as bad input (exit 2)."""
-  return (isinstance(error, (UserError, input_pipelines.DataError))
-          or _data_error_inside(error) is not None or _XLA_NOT_DETERMINISTIC in str(error))
-
-
-def _stop_if_signalled(config) -> None:
-  """Start-up of a single process: a signal so far ends the run now, exit 42 (nothing
-  trained, nothing to save). Multi-worker jobs wait for the first agreed check, right
-  after the restore (a worker leaving alone would hang the others in a collective)."""
-  if preemption.requested() and config.runtime.strategy != "multi_worker_mirrored":
-    raise Preempted(None)
-
-
-def _restore_step(trainer, step: int):
-  """--checkpoint_step=N: the position of step N once loaded; exit 2 naming the steps
-  there are if N is not one of them."""
-  available = trainer.checkpoints.all_steps()
-  if step not in available:
-    raise UserError(f"--checkpoint_step={step}: no such checkpoint in "
-                    f"{trainer.checkpoints.directory} (available steps: "
-                    f"{', '.join(map(str, available)) or 'none'})")
-  position = trainer.restore(step)
-  if position is None:
-    raise UserError(f"--checkpoint_step={step}: "
-                    f"{os.path.join(trainer.checkpoints.directory, str(step))} cannot be read")
-  return position
+    else:
+      _log_summary(result, model_dir)
+  elif mode == "eval":
+    print(json.dumps(result))
+  elif mode == "export":
+    print(result)
+  return EXIT_OK
 
 
 def _log_summary(summary: dict, model_dir: str) -> None:
@@ -266,33 +131,6 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       summary["eval_examples"], values("train"), summary["examples_per_sec"],
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
       summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
-
-
-_XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"
-
-
-def _first_op_line(text: str) -> str:
-  return next((line.strip() for line in text.splitlines() if _XLA_NOT_DETERMINISTIC in line),
-              "")[:200]
-
-
-def _data_error_inside(error: Exception) -> str | None:
-  """A DataError raised by a source's __getitem__ inside tf.data reaches us wrapped in a
-  TensorFlow error: its one line, or None if `error` is something else."""
-  match = re.search(r"DataError: (.+)", str(error))
-  return match.group(1).strip() if match else None
-
-
-def _is_parameter_server_task(config) -> bool:
-  """A worker or ps task of a parameter-server cluster (TF_CONFIG): it serves, the
-  chief trains. Read without TensorFlow, before the finished-job check."""
-  if config.runtime.strategy != "parameter_server":
-    return False
-  try:
-    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
-  except ValueError:
-    raise UserError("TF_CONFIG is not valid JSON") from None
-  return task.get("type") in ("worker", "ps")
 
 
 def _serve() -> int:

@@ -48,6 +48,13 @@ class Agreement:
     count, value = self._sum(local).numpy().tolist()
     return count > 0, value
 
+  def any_of_each(self, flags: list[bool]) -> list[bool]:
+    """For each flag: true everywhere if true on any worker (one collective)."""
+    if self._sum is None:
+      return list(flags)
+    local = tf.constant([1.0 if flag else 0.0 for flag in flags], tf.float64)
+    return [value > 0 for value in self._sum(local).numpy().tolist()]
+
   def any(self, local: bool) -> bool:
     """True everywhere if it is true on any worker."""
     return self.share(any_of=local)[0]

@@ -48,32 +48,6 @@ def _item_handlers() -> dict:
           "meta": ocp.JsonCheckpointHandler()}
 
 
-def model_variables(model) -> dict:
-  """Every model variable under a key that is the same in every process.
-
-  `model/layer/variable`: Keras's own `variable.path` is not stable for
-  variables a layer creates outside its name scope (Dropout's seed generator is
-  `seed_generator_<n>/...`, numbered by creation order in the process).
-  """
-  owner = {}
-  for layer in model.layers:
-    for variable in layer.variables:
-      owner.setdefault(id(variable), f"{model.name}/{layer.name}/{variable.name}")
-  keyed = {}
-  for variable in model.variables:
-    key = owner.get(id(variable), variable.path)
-    if key in keyed:
-      raise ValueError(f"two model variables share the checkpoint key {key!r}")
-    keyed[key] = variable
-  return keyed
-
-
-def optimizer_variables(optimizer) -> dict:
-  """Optimizer state by path. The learning rate is left out: it comes from the
-  config, so a resumed run may change it."""
-  return {v.path: v for v in optimizer.variables if v.path.split("/")[-1] != "learning_rate"}
-
-
 def variables_tree(keyed_variables: dict) -> dict:
   """{'mnist_cnn': {'conv': {'kernel': ndarray, ...}}}: nested by key."""
   tree = {}
@@ -361,7 +335,7 @@ def _matching(where: str, stored: dict, target: dict) -> tuple[dict, list[str]]:
   """(the flat {key: array} of `target`'s keys found in `stored` with their shape, the
   skipped keys with why).
 
-  A key is `<model.name>/<layer.name>/<variable.name>` (model_variables). A model
+  A key is `<model>/<layer>/.../<variable>` (trainer/task/keys.py). A model
   built by another builder may have another top-level name (`cnn` fine-tuned as
   `classifier`), so a key not found as it is is looked up by what follows the model
   name, where that part names one variable on each side.

@@ -38,6 +38,7 @@ _MUTABLE_SECTIONS = ("train", "eval", "checkpoint", "runtime")
 _FIXED_FIELDS = {
     "runtime.seed": "the data order (and synthetic data)",
     "runtime.mixed_precision": "the arithmetic (and the optimizer state, with float16)",
+    "train.task": "the training step and its state",
     "train.loss": "the objective",
     "train.from_logits": "the objective (what the outputs mean to the loss)",
     "train.optimizer": "the optimizer and its state",

@@ -1,4 +1,13 @@
-"""Errors that end a run with a specific exit code and one line on stderr, no traceback."""
+"""The errors that end a run, and the one table of exit codes.
+
+The CLI prints an error's message as one line on stderr (no traceback) and exits
+with its code; the Python API (trainer.run) raises them with the same messages.
+"""
+
+EXIT_OK = 0          # done (re-running a finished job is a quick no-op that says so)
+EXIT_FAILURE = 1     # anything else: a failed run (NonFiniteError, StorageError, a bug)
+EXIT_BAD_INPUT = 2   # bad flag, config, plug-in, data or model_dir: nothing written
+EXIT_PREEMPTED = 42  # stopped with the current step on disk: run the same command again
 
 
 class UserError(Exception):
@@ -42,3 +51,13 @@ class Preempted(BaseException):
                  f"command again to resume")
     super().__init__(message)
     self.step = step
+
+
+def exit_code(error: BaseException) -> int:
+  """The exit code of a run that ended with `error`."""
+  from input_pipelines.errors import DataError  # pylint: disable=g-import-not-at-top
+  if isinstance(error, Preempted):
+    return EXIT_PREEMPTED
+  if isinstance(error, (UserError, DataError)):
+    return EXIT_BAD_INPUT
+  return EXIT_FAILURE

@@ -14,12 +14,9 @@ a denied write removes the temporary and raises StorageError (one line).
 import os
 import shutil
 
-import ml_collections
+import keras
 import tensorflow as tf
 
-from trainer import hold_points
-from trainer import losses
-from trainer import plugins
 from trainer import storage
 
 
@@ -49,24 +46,23 @@ def serving_spec(features_spec, feature_name: str):
   return named(features_spec, feature_name)
 
 
-def export_saved_model(config: ml_collections.ConfigDict, weights: list, features_spec,
-                       feature_name: str, destination: str, *, probabilities: bool) -> None:
-  """`weights`: the live model's variable values, in `model.variables` order;
-  `probabilities`: the model outputs probabilities (trainer/probabilities.py decided)."""
-  input_spec = serving_spec(features_spec, feature_name)
-  model = plugins.build_model(config.model, input_spec)
-  if not model.variables:  # a subclassed model builds on its first call
-    model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), input_spec),
-          training=False)
-  for variable, value in zip(model.variables, weights, strict=True):
-    variable.assign(value)
-  serving = _Serving(model, *losses.served_output(config.train.loss, probabilities=probabilities))
+def export_saved_model(served, destination: str, before_write=None) -> None:
+  """`served`: the task's Export (trainer/task/contract.py), its input_spec set;
+  `before_write()` runs just before the SavedModel is written (the "export" phase)."""
+  input_spec = served.input_spec
+  weights = [variable.numpy() for variable in served.model.variables]
+  model = _plain_copy(served, input_spec)
+  if model is not served.model:
+    for variable, value in zip(model.variables, weights, strict=True):
+      variable.assign(value)
+  serving = _Serving(model, served.output_name, served.transform or tf.identity)
   function = tf.function(serving.serve, input_signature=[input_spec])
   signatures = {"serving_default": function.get_concrete_function()}
   temporary = destination + ".tmp"
   shutil.rmtree(temporary, ignore_errors=True)
   try:
-    hold_points.hold("export")
+    if before_write is not None:
+      before_write()
     tf.saved_model.save(serving, temporary, signatures=signatures)
     os.replace(temporary, destination)
   except Exception as e:  # pylint: disable=broad-except  (OSError or a TensorFlow OpError)
@@ -76,3 +72,19 @@ def export_saved_model(config: ml_collections.ConfigDict, weights: list, feature
     raise storage.failure("the SavedModel export", destination, e,
                           needed_bytes=sum(int(getattr(w, "nbytes", 0)) for w in weights)
                           ) from None
+
+
+def _plain_copy(served, input_spec):
+  """A copy of the served model outside any strategy, so the SavedModel loads anywhere:
+  the task's `build`, else keras.models.clone_model, else (a subclassed model) itself."""
+  if served.build is not None:
+    model = served.build(input_spec)
+  else:
+    try:
+      model = keras.models.clone_model(served.model)
+    except (ValueError, TypeError):  # subclassed: saved as it is
+      return served.model
+  if not model.variables:  # a subclassed model builds on its first call
+    model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), input_spec),
+          training=False)
+  return model

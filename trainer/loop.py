@@ -17,31 +17,25 @@ import ml_collections
 import tensorflow as tf
 
 import input_pipelines
-import models
 from input_pipelines import batching
 from input_pipelines.sources import Source
 from trainer import checkpoints
-from trainer import compatibility
 from trainer.agreement import Agreement
 from trainer import export
-from trainer import hold_points
+from trainer import actions as actions_module
 from trainer import logs
-from trainer import loss_scale
-from trainer import losses
-from trainer import metrics
-from trainer import optimizers
 from trainer import outputs
 from trainer import periodic
-from trainer import plugins
 from trainer import preemption
 from trainer import preprocess
-from trainer import probabilities
 from trainer import profiling
 from trainer import progress
 from trainer import runtime
 from trainer import steps
 from trainer import summaries
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer import task as tasks
+from trainer.task.state import TaskState
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -113,39 +107,30 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
                strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
-               read_only: bool = False, clock: Callable[[], float] = time.monotonic):
+               task=None, actions=(), read_only: bool = False,
+               clock: Callable[[], float] = time.monotonic):
     self.config = config
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
+    self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
-    # A few real training examples: the model's input spec, the start-up checks, samples.
+    # A few real training examples: the task's input spec, the start-up checks, samples.
     self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
                                                 global_batch_size=_PROBE_EXAMPLES)))
-    self.features_spec = tf.nest.map_structure(
-        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe[0])
+    self.features_spec, labels_spec = tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe)
     self.is_chief = runtime.is_chief(strategy)
     self.agreement = Agreement(strategy)
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
+    self.task = tasks.create(config, task)
     with strategy.scope():
-      self._model_config, self._num_classes_from = _model_config(config, splits)
-      self.model = plugins.build_model(self._model_config, self.features_spec)
-      features, labels = self._probe
-      probe_outputs = compatibility.model_outputs(config, self.model, features)  # builds it
-      # Logits or probabilities (train.from_logits): decides the loss, thresholds, export.
-      self.outputs_are_probabilities = probabilities.decide(config, self.model, probe_outputs)
-      loss_fn = losses.resolve(config.train.loss, probabilities=self.outputs_are_probabilities)
-      metric_fns = metrics.resolve(config.eval, config.train.loss,
-                                   probabilities=self.outputs_are_probabilities)
-      self._metric_names = list(metric_fns)  # eval_<name> and train_<name>, in config order
-      compatibility.check(config, probe_outputs, loss_fn, metric_fns, labels, self.train_source,
-                          self.eval_source)
-      self.optimizer = optimizers.create(config.train)
-      self.optimizer.build(self.model.trainable_variables)
-      self.loss_scale = (loss_scale.DynamicLossScale()
-                         if config.runtime.mixed_precision == "float16" else None)
-    self._totals = steps.Totals(loss_fn, metric_fns)
+      context = tasks.BuildContext(config, self.features_spec, labels_spec, self._probe,
+                                   strategy)
+      context.sources = splits
+      _build(self.task, context)
+      self.state = TaskState(self.task, float16=config.runtime.mixed_precision == "float16")
     # On an accelerator uint8 images cross to it and are scaled there (unless a
     # per-example preprocess must see them decoded first); on a CPU the host is the
     # device, and decoding in tf.data keeps the arithmetic of every source the same.
@@ -153,6 +138,46 @@ class Trainer:
     self._device_decode = (batching.device_decoder(self.train_source)
                            if self._preprocess is None and self._on_accelerator else None)
     jit_compile = runtime.jit_compile(config.runtime, strategy)
+    fuse_whole_step = jit_compile and strategy.num_replicas_in_sync == 1 and not self.coordinator
+    communication_options = None if self.coordinator else runtime.communication_options(
+        config.runtime)
+
+    def step_context(step, tracing_only=False):
+      return tasks.StepContext(
+          step=step, global_batch_size=config.train.global_batch_size,
+          num_replicas=strategy.num_replicas_in_sync, seed=config.runtime.seed,
+          loss_scales=self.state.loss_scales, clip_norm=config.train.clip_grad_norm,
+          communication_options=communication_options,
+          jit_compile=jit_compile and not fuse_whole_step, fused_kernels=not jit_compile,
+          tracing_only=tracing_only)
+
+    # What the steps return, by name (traced once, nothing runs): the layout of the sums.
+    replica_batch = config.train.global_batch_size // (
+        1 if self.coordinator else strategy.num_replicas_in_sync)
+    train_spec = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([replica_batch, *s.shape[1:]], s.dtype),
+        (self.features_spec, labels_spec))
+
+    def traced_train_step(batch):
+      context_ = step_context(tf.constant(0, tf.int64), tracing_only=True)
+      return self.task.train_step(batch, context_), context_.gradient_norms
+
+    with strategy.scope():
+      replicas = None if self.coordinator else strategy  # the coordinator reads the servers
+      train_names, norms = _traced(lambda: steps.discover(traced_train_step, train_spec,
+                                                          "train_step", replicas), self.task)
+      eval_names, _ = _traced(lambda: steps.discover(
+          lambda batch: (self.task.eval_step(batch), {}),
+          (self.features_spec, labels_spec), "eval_step", replicas), self.task)
+    self._train_sums = steps.Sums(train_names, list(norms))
+    self._eval_sums = steps.Sums(eval_names)
+    self._train_names = [name for name in train_names if name != "regularization_loss"]
+    self._eval_names = eval_names
+    if (config.checkpoint.keep_best and not read_only
+        and config.checkpoint.best_metric not in eval_names):
+      raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not "
+                      f"reported by the eval step (choose from: "
+                      f"{', '.join(eval_names) or 'none: the task has no eval_step'})")
     self._read_only = read_only
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
@@ -168,22 +193,23 @@ class Trainer:
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
                                             trace=self.is_chief)
+    replica_step = steps.make_replica_step(self.task, self._train_sums, step_context,
+                                           decode=self._device_decode,
+                                           fuse_whole_step=fuse_whole_step)
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
-          self.coordinator, self.model, self.optimizer, self._totals,
-          global_batch_size=config.train.global_batch_size,
-          num_workers=runtime.num_workers(strategy), loss_scale=self.loss_scale,
-          jit_compile=jit_compile, clip_norm=config.train.clip_grad_norm,
-          decode=self._device_decode)
+          self.coordinator, replica_step, self._train_sums, self.state.all_variables(),
+          num_workers=runtime.num_workers(strategy))
     else:
-      self._train_loop = steps.make_train_loop(
-          strategy, self.model, self.optimizer, self._totals,
-          global_batch_size=config.train.global_batch_size,
-          communication_options=runtime.communication_options(config.runtime),
-          loss_scale=self.loss_scale, jit_compile=jit_compile,
-          clip_norm=config.train.clip_grad_norm, decode=self._device_decode)
+      self._train_loop = steps.make_train_loop(strategy, replica_step, self._train_sums,
+                                               self.state.all_variables())
     self._eval_pass = None  # built on first use: the eval data is distributed once
-    self._save_timer = periodic.AfterSeconds(config.checkpoint.interval_seconds, clock)
+    self._clock = clock
+    self._schedule = actions_module.Schedule(self._user_actions, config.train.steps)
+    self._stopped_by = None  # the action that stopped training early, if one did
+    self._evaluated_at = None  # the step of the latest eval
+    self._eval_metrics = None
+    self._last_loop = (0, 0.0)  # (steps, seconds) of the latest loop
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
@@ -198,7 +224,9 @@ class Trainer:
 
     position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
     watcher = preemption.PreemptionWatcher(self.agreement)
-    hold_points.hold("restore")
+    schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
+    self._schedule = schedule
+    schedule.at_phase("restored", self._boundary(position.step, {}))
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
@@ -206,97 +234,163 @@ class Trainer:
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
-    checkpoint_due = periodic.Every(config.checkpoint.interval, total)
-    eval_due = periodic.Every(eval_interval, total)
-    if self._num_classes_from:
-      logging.info("model.num_classes=%d, from the data (%s)", self._model_config.num_classes,
-                   self._num_classes_from)
+    if getattr(self.task, "num_classes_from", None):  # the built-in task resolved it
+      logging.info("model.num_classes=%d, from the data (%s)",
+                   self.task.model_config.num_classes, self.task.num_classes_from)
     logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels) from step %d to %d.",
-                 config.model.name, config.data.name, self.strategy.num_replicas_in_sync,
+                 _what_trains(config), config.data.name, self.strategy.num_replicas_in_sync,
                  config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
 
-    throughput = _Throughput()
-    train_metrics, eval_metrics = {}, None
+    self._throughput = _Throughput()
+    train_metrics, self._eval_metrics = {}, None
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
       batches = self._batches_from(position)
-      self._save_timer.restart()
-      while position.step < total:
-        self.profiler.at_boundary(position.step)
+      schedule.restart_clocks()
+      self.profiler.at_boundary(position.step)
+      stopped_early = False
+      while position.step < total and not stopped_early:
         num_steps = min(config.train.steps_per_loop, total - position.step,
-                        checkpoint_due.next_due(position.step) - position.step,
-                        eval_due.next_due(position.step) - position.step,
-                        (self.profiler.next_boundary(position.step) or total) - position.step)
+                        schedule.steps_to_next(position.step))
         loop_start = time.perf_counter()
         with (self.summaries.graph_of_first_call(position.step) if record_graph
               else contextlib.nullcontext()):
-          state_finite, totals = self._train_loop(batches, tf.constant(num_steps))
+          state_finite, totals = self._train_loop(batches, tf.constant(num_steps),
+                                                  tf.constant(position.step, tf.int64))
         record_graph = False
-        train_metrics = self._totals.result(totals, training=True)  # host sync: the n steps
+        train_metrics = self._train_sums.result(totals)  # host sync: the n steps
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
-        if not (math.isfinite(train_metrics["loss"]) and bool(state_finite)):
-          position = self._roll_back(position, reached, train_metrics["loss"])
+        non_finite = [name for name in self._train_sums.names
+                      if not math.isfinite(train_metrics[name])]
+        if non_finite or not bool(state_finite):
+          position = self._roll_back(position, reached, non_finite, train_metrics)
           batches = self._batches_from(position)
           continue
         position = reached
-        throughput.add(num_steps * batch_size, loop_seconds)
-        self._report_progress(position.step, train_metrics, num_steps, loop_seconds)
+        self._throughput.add(num_steps * batch_size, loop_seconds)
+        self._last_loop = (num_steps, loop_seconds)
 
-        # One collective for both: a signal on any worker stops them all; the chief's
-        # clock says whether checkpoint.interval_seconds passed (clocks differ).
-        stop, save_by_clock = self.agreement.share(
-            any_of=preemption.requested(), chiefs=1.0 if self._save_timer.due() else 0.0)
+        # One collective: a signal on any worker stops them all; the chief's clock says
+        # which clocked actions are due (clocks differ between machines).
+        stop, clock_bits = self.agreement.share(any_of=preemption.requested(),
+                                                chiefs=float(schedule.clock_bits()))
         if stop:
           self._save_and_stop(position)
-        if eval_due.due(position.step):
-          eval_metrics = self.evaluate(position.step)
-          self._keep_if_best(position, eval_metrics)
-        if checkpoint_due.due(position.step):
-          self.save(position)
-        elif save_by_clock:
-          logging.info("checkpoint.interval_seconds passed on the chief's clock: saving step %d",
-                       position.step)
-          self.save(position)
+        stopped_early = self._at_boundary(schedule, position, train_metrics, int(clock_bits))
 
     progress.finish()
     self.checkpoints.wait()  # the final step is on disk before anything reports it
     if watcher.stop_agreed():
       raise Preempted(position.step)
-    if eval_metrics is None:  # resumed at the final step: nothing trained, still report
+    eval_metrics = self._eval_metrics
+    if self._evaluated_at != position.step:  # resumed at the final step, or stopped early
       eval_metrics = self.evaluate(position.step)
       if watcher.stop_agreed():
         raise Preempted(position.step)
     self.export(position.step)  # a signal from here on: finish (seconds) and exit 0
     summary = {
         "step": position.step,
-        "train_loss": train_metrics.get("loss"),  # the data loss + the regularization, as trained
-        "train_regularization_loss": train_metrics.get("regularization_loss"),
-        **{f"train_{name}": train_metrics.get(name) for name in self._metric_names},
-        "eval_loss": eval_metrics["loss"],
-        **{f"eval_{name}": eval_metrics[name] for name in self._metric_names},
-        "eval_examples": eval_metrics["examples"],
-        "examples_per_sec": throughput.per_second(),
+        # The built-in task's train_loss is the data loss + the regularization, as trained.
+        **{f"train_{name}": train_metrics.get(name) for name in self._train_sums.names},
+        **{f"eval_{name}": eval_metrics.get(name) for name in self._eval_names},
+        "eval_examples": eval_metrics.get("examples", 0),
+        "examples_per_sec": self._throughput.per_second(),
         "num_replicas": self.strategy.num_replicas_in_sync,
         "strategy": config.runtime.strategy,
         "rollbacks": self._rollbacks,
         "wall_time_sec": time.perf_counter() - started,
-        "train_time_sec": throughput.seconds,
+        "train_time_sec": self._throughput.seconds,
         "eval_time_sec": self._eval_seconds,
         "checkpoint_time_sec": self._checkpoint_seconds,
     }
+    if self._stopped_by is not None:
+      summary["stopped_early_by"] = self._stopped_by
+    schedule.at_phase("summary", self._boundary(position.step, train_metrics))
     if self.is_chief:
-      hold_points.hold("summary")
       outputs.write_json(outputs.summary_path(self.model_dir), summary)
     self.summaries.close()
     return summary
 
+  # -- the loop boundary: actions ---------------------------------------------------
+
+  def _builtin_actions(self, eval_interval: int) -> list:
+    """distloop's own periodic work, in the order it runs at a boundary; the user's
+    actions run after these, the checkpoint last (so that a "save" is this step's)."""
+    config = self.config
+    self._save_by_clock = actions_module.Action(
+        self._save_if_due, every_steps=config.checkpoint.interval, at_end=True,
+        every_seconds=config.checkpoint.interval_seconds, name="checkpoint",
+        clock=self._clock)
+    return [
+        actions_module.Action(self._report_progress, every_boundary=True, name="progress"),
+        _ProfileWindow(self.profiler),
+        actions_module.Action(self._evaluate_at_boundary, every_steps=eval_interval,
+                              at_end=True, name="eval"),
+        actions_module.Action(self._keep_if_best, after_eval=True, name="keep_best"),
+    ]
+
+  def _actions_in_order(self, eval_interval: int) -> list:
+    """The built-ins, the user's, then the checkpoint (it runs last: see _at_boundary)."""
+    return [*self._builtin_actions(eval_interval), *self._user_actions, self._save_by_clock]
+
+  def _at_boundary(self, schedule, position: Position, train_metrics: dict,
+                   clock_bits: int) -> bool:
+    """Runs the actions due at this boundary, in order; returns whether training stops
+    early here (an action decided "stop": agreed by every worker)."""
+    boundary = self._boundary(position.step, train_metrics)
+    self._position = position
+    user = set(map(id, self._user_actions))
+    decided, user_ran = {}, False
+    for action in schedule.actions:
+      if action is self._save_by_clock:
+        continue  # last, once the decisions are known
+      if not action.due(position.step, schedule.last_step, evaluated=boundary.evaluated,
+                        clock_due=schedule.clock_due(action, clock_bits)):
+        continue
+      decision = action.run(boundary)
+      if id(action) in user:
+        user_ran = True
+        if decision:
+          decided.setdefault(decision, action.name)
+    stop = save = False
+    if user_ran:  # the same boundaries on every worker: one collective, all decide alike
+      stop, save = self.agreement.any_of_each(["stop" in decided, "save" in decided])
+    clock_due = schedule.clock_due(self._save_by_clock, clock_bits)
+    if clock_due and not self._save_by_clock.due(position.step, schedule.last_step,
+                                                 evaluated=False, clock_due=False):
+      logging.info("checkpoint.interval_seconds passed on the chief's clock: saving step %d",
+                   position.step)
+    if stop or save or self._save_by_clock.due(position.step, schedule.last_step,
+                                               evaluated=False, clock_due=clock_due):
+      self._save_by_clock.run(boundary)
+    if stop:
+      self._stopped_by = decided.get("stop", "an action on another worker")
+      logging.info("action %s decided to stop at step %d: saved; finishing as at the last "
+                   "step", self._stopped_by, position.step)
+    return stop
+
+  def _boundary(self, step: int, train_metrics: dict) -> actions_module.Boundary:
+    return actions_module.Boundary(
+        step=step, train=dict(train_metrics), eval=self._eval_metrics,
+        evaluated=self._evaluated_at == step, model_dir=self.model_dir,
+        is_chief=self.is_chief, task=self.task, final=step >= self.config.train.steps)
+
+  def _evaluate_at_boundary(self, boundary) -> None:
+    boundary.eval = self.evaluate(boundary.step)
+    boundary.evaluated = True
+
+  def _save_if_due(self, boundary) -> None:
+    self.save(self._position)
+
   # -- the periodic work --------------------------------------------------------
 
   def evaluate(self, step: int) -> dict:
-    """The loss and every metric over every eval example exactly once."""
+    """Every value of the task's eval step over every eval example exactly once."""
+    if not self._eval_names:  # the task has no eval_step
+      return {"examples": 0}
     start = time.perf_counter()
-    hold_points.hold("eval")
+    self._schedule.at_phase("eval", self._boundary(step, {}))
     if self._eval_pass is None:
       decode = batching.device_decoder(self.eval_source) if self._on_accelerator else None
 
@@ -306,18 +400,19 @@ class Trainer:
                                      input_context=input_context,
                                      decode_on_device=decode is not None)
       if self.coordinator:
-        self._eval_pass = steps.make_eval_pass(None, self.model, self._totals, dataset(), decode)
+        self._eval_pass = steps.make_eval_pass(None, self.task, self._eval_sums, dataset(),
+                                               decode)
       else:  # each worker reads only its replicas' slices of every eval batch
         self._eval_pass = steps.make_eval_pass(
-            self.strategy, self.model, self._totals,
+            self.strategy, self.task, self._eval_sums,
             self.strategy.distribute_datasets_from_function(dataset), decode)
-    result = self._totals.result(self._eval_pass())  # host sync
-    self.summaries.scalars("eval", step, {name: result[name]
-                                          for name in ("loss", *self._metric_names)})
+    result = self._eval_sums.result(self._eval_pass())  # host sync
+    self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
     self.summaries.flush()
     self._eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step,
-                 _metrics_line(result, ("loss", *self._metric_names)), result["examples"])
+                 _metrics_line(result, self._eval_names), result["examples"])
+    self._eval_metrics, self._evaluated_at = result, step
     return result
 
   def save(self, position: Position) -> None:
@@ -328,7 +423,8 @@ class Trainer:
       return
     self.checkpoints.save(position.step, *self._snapshot(position))
     blocked = time.perf_counter() - start
-    self._save_timer.restart()
+    if self._save_by_clock.timer is not None:  # checkpoint.interval_seconds counts from here
+      self._save_by_clock.timer.restart()
     self._checkpoint_seconds += blocked
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
@@ -345,7 +441,8 @@ class Trainer:
                       last_complete=self.checkpoints.latest_step()) from None
     raise Preempted(position.step)
 
-  def _keep_if_best(self, position: Position, eval_metrics: dict) -> None:
+  def _keep_if_best(self, boundary) -> None:
+    position, eval_metrics = self._position, boundary.eval
     if self._best_checkpoints is not None:
       if position.step in self._best_checkpoints.all_steps():
         # Evaluated again after a rollback (or a restart from an earlier step).
@@ -362,8 +459,8 @@ class Trainer:
     The loop boundary has checked the state already (and rolled back if asked to);
     this is the last guard: non-finite state never becomes a checkpoint.
     """
-    model_tree = checkpoints.variables_tree(checkpoints.model_variables(self.model))
-    optimizer_tree = checkpoints.variables_tree(self._optimizer_state())
+    model_tree = checkpoints.variables_tree(self.state.model_variables)
+    optimizer_tree = checkpoints.variables_tree(self.state.optimizer_variables)
     bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
     if bad:
       raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
@@ -372,18 +469,21 @@ class Trainer:
             "config": self.config.to_dict()}
     return model_tree, optimizer_tree, meta
 
-  def _report_progress(self, step, metrics, num_steps, loop_seconds) -> None:
+  def _report_progress(self, boundary) -> None:
+    """The progress line and TensorBoard's train scalars of the loop that just ended."""
+    step, metrics = boundary.step, boundary.train
+    num_steps, loop_seconds = self._last_loop
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
-    learning_rate = float(self.optimizer.learning_rate.numpy())  # the rate of the next step
-    names = ("loss", *self._metric_names)
+    learning_rates = self.state.learning_rates()  # the rates of the next step
     self.summaries.scalars("train", step, {
-        **{name: metrics[name] for name in names},
-        "regularization_loss": metrics["regularization_loss"],  # included in loss
-        "learning_rate": learning_rate, "examples_per_sec": examples_per_sec,
+        **{name: metrics[name] for name in self._train_sums.names},
+        **learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
-        **({"gradient_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})})
+        **{name.replace("grad_norm", "gradient_norm"): metrics[name]
+           for name in self._train_sums.norm_names if name in metrics}})
+    rates = " ".join(f"{rate:.3g}" for rate in learning_rates.values())
     progress.show(step, self.config.train.steps,
-                  f"{_metrics_line(metrics, names)} | lr {learning_rate:.3g} | "
+                  f"{_metrics_line(metrics, self._train_names)} | lr {rates} | "
                   f"{examples_per_sec:.0f} examples/s | "
                   f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")
 
@@ -453,8 +553,8 @@ class Trainer:
   def _read(self, step: int) -> tuple[Position | None, Exception | None]:
     """(position, None) once `step` is loaded, else (None, the CorruptCheckpoint or
     StorageError why not). Reads only: nothing on disk changes."""
-    model_variables = checkpoints.model_variables(self.model)
-    optimizer_variables = self._optimizer_state()
+    model_variables = self.state.model_variables
+    optimizer_variables = self.state.optimizer_variables
     problem = None
     with logs.stderr_captured() as library_output:
       try:
@@ -497,23 +597,16 @@ class Trainer:
   def _non_finite_state(self) -> list[str]:
     """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
     return [f"{item}/{key}" for item, variables in
-            (("model", checkpoints.model_variables(self.model)),
-             ("optimizer", self._optimizer_state()))
+            (("model", self.state.model_variables),
+             ("optimizer", self.state.optimizer_variables))
             for key in checkpoints.non_finite_keys(checkpoints.variables_tree(variables))]
-
-  def _optimizer_state(self) -> dict:
-    """Checkpoint keys -> variables of the optimizer, and of the loss scale if any."""
-    state = checkpoints.optimizer_variables(self.optimizer)
-    if self.loss_scale is not None:
-      state.update(self.loss_scale.variables())
-    return state
 
   def warm_start(self) -> Position:
     """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir;
     with checkpoint.init_partial only those whose name and shape match, the rest listed."""
     source = self.config.checkpoint.init_from
     if source:
-      model_variables = checkpoints.model_variables(self.model)
+      model_variables = self.state.model_variables
       loaded, item, skipped = checkpoints.read_model_weights(
           source, checkpoints.variables_tree(model_variables),
           partial=self.config.checkpoint.init_partial)
@@ -525,9 +618,11 @@ class Trainer:
       logging.info("Warm start: weights from %s; optimizer state and step start fresh.", item)
     return Position(0, 0)
 
-  def _roll_back(self, position: Position, reached: Position, loss: float) -> Position:
-    """Non-finite loss, weights or optimizer state in the loop that ended at `reached`."""
-    what = (f"non-finite loss ({loss})" if not math.isfinite(loss)
+  def _roll_back(self, position: Position, reached: Position, non_finite: list,
+                 train_metrics: dict) -> Position:
+    """Non-finite values (`non_finite`: the names of the step's), weights or optimizer
+    state in the loop that ended at `reached`."""
+    what = (f"non-finite {non_finite[0]} ({train_metrics[non_finite[0]]})" if non_finite
             else f"non-finite values in {(self._non_finite_state() or ['the state'])[0]}")
     where = (f"in steps {position.step + 1}..{reached.step}"
              if reached.step > position.step + 1 else f"in step {reached.step}")
@@ -562,18 +657,20 @@ class Trainer:
                                                   decode_on_device=on_device)))
 
   def export(self, step: int) -> str | None:
-    """SavedModel of the current weights at export/<step>/ (kept if it already exists)."""
+    """SavedModel of what the task serves at export/<step>/ (kept if it already exists);
+    None if the task exports nothing."""
+    served = self.task.export()
+    if served is None:
+      return None
     destination = export.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
-    config = self.config
-    if self._model_config is not config.model:  # the export rebuilds the model: same classes
-      config = ml_collections.ConfigDict(config.to_dict())
-      config.model = self._model_config
+    if served.input_spec is None:
+      served.input_spec = export.serving_spec(self.features_spec,
+                                              self.train_source.feature_name)
     export.export_saved_model(
-        config, [variable.numpy() for variable in self.model.variables],
-        self.features_spec, self.train_source.feature_name, destination,
-        probabilities=self.outputs_are_probabilities)
+        served, destination,
+        before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
     logging.info("Exported SavedModel to %s", destination)
     return destination
 
@@ -604,24 +701,61 @@ def _looks_like_images(features) -> bool:
           and (features.dtype.is_floating or features.dtype == tf.uint8))
 
 
-def _model_config(config: ml_collections.ConfigDict, splits: tuple[Source, Source]
-                  ) -> tuple[ml_collections.ConfigDict, str | None]:
-  """config.model with `num_classes` resolved: 0 means "from the data" (the class folders,
-  the MNIST family's 10, the largest integer label + 1). A built-in model that needs it is
-  refused when the data cannot say; a user's builder gets 0 then. The recorded config
-  keeps 0, as given. Also returns what gave the count (for the start log), or None."""
-  model_config = config.model
-  if model_config.num_classes:
-    return model_config, None
-  found = input_pipelines.num_classes(*splits)
-  if found is None:
-    if model_config.name in models.NEEDS_NUM_CLASSES:
-      raise plugins.UserError(
-          f"model.num_classes=0 (from the data), but data.name={config.data.name!r} cannot say "
-          f"how many classes it has (labels that are not integer class ids, or a tf.data "
-          f"stream); set model.num_classes")
-    return model_config, None
-  count, source = found
-  model_config = ml_collections.ConfigDict(model_config.to_dict())
-  model_config.num_classes = count
-  return model_config, source
+def _what_trains(config) -> str:
+  return f"train.task={config.train.task}" if config.train.task else config.model.name
+
+
+def _build(task, context) -> None:
+  """task.build(context); a user's task failing is one line naming it (UserError)."""
+  try:
+    task.build(context)
+  except (UserError, input_pipelines.DataError, Preempted):
+    raise
+  except SystemExit as e:
+    raise UserError(f"{type(task).__name__}.build called sys.exit({e.code})") from None
+  except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
+    raise UserError(f"{type(task).__name__}.build raised {_in_user_code(e)}") from None
+
+
+def _traced(discover, task):
+  """Runs a step's trace; a user's step failing at trace time is one line naming where."""
+  try:
+    return discover()
+  except UserError as e:  # raised in the trace: autograph prefixes its frames
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if lines and lines[0] == "in user code:":
+      raise UserError(lines[-1].removeprefix("UserError: ")) from None
+    raise
+  except Preempted:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"{type(task).__name__}'s step failed while tracing: {_in_user_code(e)}"
+                    ) from None
+
+
+def _in_user_code(error: Exception) -> str:
+  """`Type: first line (file:line)`, at the innermost frame outside TensorFlow, Keras
+  and distloop's trainer/: where the user's code went wrong."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  where = ""
+  for frame in traceback.extract_tb(error.__traceback__):
+    path = frame.filename
+    if not any(part in path for part in ("/tensorflow/", "/keras/", "/trainer/", "/autograph/",
+                                         "/site-packages/", "__autograph_generated")):
+      where = f" ({os.path.basename(path)}:{frame.lineno})"
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if lines and lines[0] == "in user code:":  # autograph: the frames, then the error
+    lines = lines[-1:]
+  return f"{type(error).__name__}: {lines[0][:300] if lines else ''}{where}"
+
+
+class _ProfileWindow(actions_module.Action):
+  """runtime.profile_steps: the profiler starts and stops at boundaries it asks for."""
+
+  def __init__(self, profiler):
+    super().__init__(lambda boundary: profiler.at_boundary(boundary.step), every_boundary=True,
+                     name="profile")
+    self._profiler = profiler
+
+  def next_step(self, step: int, last_step: int) -> int:
+    return self._profiler.next_boundary(step) or last_step

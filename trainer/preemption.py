@@ -48,22 +48,51 @@ _start_up = False  # a first signal arms the watchdog
 _interrupt = False  # ... and raises Preempted in the main thread
 _first_signal = ""  # its name, for the one line
 _before_forced_exit = []  # what the watchdog undoes first (the writer lock of a fresh model_dir)
+_previous_handlers = {}  # signal -> the handler install() replaced
 
 
 def install(*, start_up: bool = False) -> bool:
-  """Routes SIGTERM/SIGINT/SIGHUP to the handler for the rest of the process (main
-  thread only; False elsewhere). `start_up`: the CLI's first call, before anything
-  else (see `start_up()`). Call it again once TensorFlow's runtime is up: under
-  MultiWorkerMirroredStrategy its coordination service installs a SIGTERM handler of
-  its own in C++ (the preemption notifier), which would take the signal from us."""
+  """Routes SIGTERM/SIGINT/SIGHUP to the handler until `uninstall()` (main thread only;
+  False elsewhere). `start_up`: the CLI's first call, before anything else (see
+  `start_up()`). The Python API installs it only when asked (handle_signals=True)."""
   global _installed, _start_up
   if threading.current_thread() is not threading.main_thread():
     return False
   for signum in _SIGNALS:
-    signal.signal(signum, _handle)
+    previous = signal.signal(signum, _handle)
+    if previous is not _handle:
+      _previous_handlers[signum] = previous
   _installed = True
   _start_up = _start_up or start_up
   return True
+
+
+def reinstall() -> None:
+  """Takes the signals back if installed: under MultiWorkerMirroredStrategy TensorFlow's
+  coordination service installs a SIGTERM handler of its own in C++ (the preemption
+  notifier) when the runtime starts, which would take the signal from us."""
+  if _installed:
+    install()
+
+
+def uninstall() -> None:
+  """Gives the signals back to the handlers before install(), and forgets a request."""
+  global _installed
+  if threading.current_thread() is not threading.main_thread():
+    return
+  for signum, handler in _previous_handlers.items():
+    signal.signal(signum, handler)
+  _previous_handlers.clear()
+  _installed = False
+  clear()
+
+
+def clear() -> None:
+  """Forgets a stop request (a new run in the same process starts unrequested)."""
+  global _first_signal
+  _requested.clear()
+  _reported.clear()
+  _first_signal = ""
 
 
 def start_up() -> None:
@@ -149,26 +178,18 @@ def sleep(seconds: float) -> None:
 
 
 class PreemptionWatcher:
-  """The loop's view of the flag. As a context manager it installs the handlers if
-  nobody did (a Trainer driven from Python, not the CLI) and then restores them."""
+  """The loop's view of the flag: entering it takes the signals back from TensorFlow's
+  runtime if they were installed (see reinstall); it installs nothing itself."""
 
   def __init__(self, agreement):
     self._agreement = agreement  # trainer.agreement.Agreement
-    self._previous = {}
 
   def __enter__(self) -> "PreemptionWatcher":
-    if not _installed and threading.current_thread() is threading.main_thread():
-      self._previous = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-    install()  # again: the runtime may have taken SIGTERM since (see install)
+    reinstall()
     return self
 
   def __exit__(self, *exc_info) -> None:
-    global _installed
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-    if self._previous:
-      _installed = False
-    self._previous = {}
+    pass
 
   def stop_agreed(self) -> bool:
     """Every worker calls this at the same points; True on all of them or none."""

@@ -1,191 +1,164 @@
-"""The compiled part of the loop: the replica step (any model, loss and metrics),
-`steps_per_loop` of them per tf.function call, and the eval pass. Python never
-runs between two steps.
+"""The compiled part of the loop: the task's replica step, `steps_per_loop` of them per
+tf.function call, and the eval pass. Python never runs between two steps.
 
-Loss scaling: each replica sums its per-example losses and divides by the
-*global* batch size (tf.nn.compute_average_loss), so the all-reduced SUM of the
-replica gradients is exactly the gradient of the global-batch mean loss, for any
-replica count.
+Bookkeeping costs no variable traffic: each replica carries its running sums (the
+example count, every value the task's step returns, each update's gradient norm)
+as a value of the compiled loop, and they are reduced once, when the loop ends, so
+the loop boundary pays one host sync and the step writes nothing but the task's
+state.
 
-Bookkeeping costs no variable traffic: each replica carries its running sums
-(examples, loss, every metric, regularization, gradient norm) as a value of the
-compiled loop and they are reduced once, when the loop ends, so the loop boundary
-pays one host sync and the step writes nothing but the model and optimizer state.
-
-With `jit_compile`, XLA compiles the whole step where the strategy allows it:
-on a single replica, forward, backward, the (trivial) reduction, clipping and
-the optimizer update are one XLA cluster; on several replicas, forward and
-backward are one compiled piece per replica and the update one per device,
-around the one explicit all-reduce (XLA cannot compile a merge_call).
+With `jit_compile` on a single replica the whole step (the task's forward,
+backward and update) is one XLA cluster; on several replicas the optimizer
+updates are compiled per device around the one explicit all-reduce (XLA cannot
+compile a merge_call), and a task may compile its own pieces (the built-in
+supervised task compiles its forward and backward).
 """
 import tensorflow as tf
 
-from trainer import optimizers
+from trainer.errors import UserError
 
 
-class Totals:
-  """The layout of a loop's running sums:
-  `[examples, loss, metric..., regularization, norm sum, norm steps]`.
+class Sums:
+  """The layout of a loop's running sums: `[examples, value..., (norm sum, norm steps)...]`.
 
-  Sums, not means: divided once by the example count at the end, each metric
-  is the exact mean over every example (any replica count, partial batches).
-  The regularization term (model.losses: kernel regularizers, add_loss) is one
-  value per step and replica (a weight penalty's is the same on every replica);
-  each replica adds it times its own example count, so after the reduction and
-  the division it is the average over the loop's steps (and replicas). A training
-  loop's `loss` is the data loss plus it, as the gradient's is; eval reports the
-  data loss alone.
+  Sums, not means: divided once by the example count at the end, each value is the
+  exact mean over every example (any replica count, partial batches). A value
+  the step returns per example ([batch]) is summed; a per-step scalar (a weight
+  penalty, the same on every replica) is added times the replica's example
+  count, so after the division it is the average over the loop's steps.
   """
 
-  def __init__(self, loss_fn, metric_fns: dict):
-    self.loss_fn = loss_fn
-    self._metric_fns = dict(metric_fns)
-    self._names = ["loss", *self._metric_fns]
-    self.size = len(self._names) + 4
+  def __init__(self, names, norm_names=()):
+    self.names = list(names)
+    self.norm_names = list(norm_names)
+    self.size = 1 + len(self.names) + 2 * len(self.norm_names)
 
   def zeros(self):
     return tf.zeros([self.size], tf.float64)
 
-  def of_batch(self, per_example_loss, outputs, labels, norm=None, may_overflow=False,
-               regularization=None):
-    """The sums of one batch (its example count, loss, metrics and regularization) and of
-    one step's gradient norm, as one vector: a handful of ops, since it runs every step.
-    `may_overflow` (float16): a non-finite norm is left out of the average.
-    `regularization`: the step's sum of model.losses (unscaled), if any."""
-    values = [per_example_loss] + [fn(labels, outputs) for fn in self._metric_fns.values()]
-    sums = [tf.reduce_sum(tf.cast(v, tf.float64)) for v in values]
-    batch = per_example_loss.shape[0]  # static for training batches: no op
-    count = (tf.constant(float(batch), tf.float64) if batch is not None
-             else tf.cast(tf.shape(per_example_loss)[0], tf.float64))
+  def of_batch(self, values: dict, count, norms: dict | None = None):
+    """The sums of one batch: its example count, each value, each (norm, may_overflow)
+    of `norms` (float16: a non-finite norm is left out of the average)."""
+    sums = []
+    for name in self.names:
+      value = tf.cast(values[name], tf.float64)
+      sums.append(value * count if value.shape.rank == 0 else tf.reduce_sum(value))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
-    regularization_sum = (zero if regularization is None
-                          else tf.cast(regularization, tf.float64) * count)
-    if norm is None:
-      norm_pair = [zero, zero]
-    elif may_overflow:
-      finite = tf.math.is_finite(norm)
-      norm_pair = [tf.where(finite, tf.cast(norm, tf.float64), zero), tf.where(finite, one, zero)]
-    else:
-      norm_pair = [tf.cast(norm, tf.float64), one]
-    return tf.stack([count, *sums, regularization_sum, *norm_pair])
+    for name in self.norm_names:
+      norm, may_overflow = norms[name]
+      norm = tf.cast(norm, tf.float64)
+      if may_overflow:
+        finite = tf.math.is_finite(norm)
+        sums += [tf.where(finite, norm, zero), tf.where(finite, one, zero)]
+      else:
+        sums += [norm, one]
+    return tf.stack([count, *sums])
 
-  def result(self, totals, *, training: bool = False) -> dict:
-    """Host sync: {"loss", each metric, "examples"[, "grad_norm"]} from a loop's totals;
-    `training` adds "regularization_loss", included in "loss"."""
+  def result(self, totals) -> dict:
+    """Host sync: {each value, "examples", each norm} from a loop's totals."""
     count, *sums = totals.numpy().tolist()
-    *sums, regularization_sum, norm_sum, norm_count = sums
-    result = {name: total / max(count, 1.0) for name, total in zip(self._names, sums)}
-    if training:
-      result["regularization_loss"] = regularization_sum / max(count, 1.0)
-      result["loss"] += result["regularization_loss"]
+    result = {name: total / max(count, 1.0) for name, total in zip(self.names, sums)}
     result["examples"] = int(round(count))
-    if norm_count:
-      result["grad_norm"] = norm_sum / norm_count
+    norm_sums = sums[len(self.names):]
+    for i, name in enumerate(self.norm_names):
+      total, steps = norm_sums[2 * i], norm_sums[2 * i + 1]
+      if steps:
+        result[name] = total / steps
     return result
 
 
-def _outputs(model, features, training: bool):
-  """float32 outputs whatever the compute dtype (mixed precision computes in 16 bits)."""
-  return tf.cast(model(features, training=training), tf.float32)
+def _example_count(batch):
+  """The replica's example count, as float64: static for training batches (no op)."""
+  first = tf.nest.flatten(batch)[0]
+  size = first.shape[0]
+  return (tf.constant(float(size), tf.float64) if size is not None
+          else tf.cast(tf.shape(first)[0], tf.float64))
 
 
-def _make_replica_step(model, optimizer, totals: Totals, *, global_batch_size: int,
-                       communication_options, loss_scale=None, jit_compile: bool = False,
-                       clip_norm: float = 0.0, decode=None, fuse_whole_step: bool = False):
-  """`replica_step(batch, running) -> running`: one optimizer step on this replica's share
-  of a global batch, its sums added to `running`.
-
-  `decode` maps the features as the pipeline delivers them (e.g. uint8 images)
-  to what the model takes, on the device. Clipping by global norm happens after
-  the reduction, on the gradient of the global batch, identically on every
-  replica. `fuse_whole_step` (a single replica, with jit_compile): the step is
-  one XLA cluster.
-  """
-  variables = model.trainable_variables
-  compile_pieces = jit_compile and not fuse_whole_step
-
-  @tf.function(jit_compile=compile_pieces, autograph=False)
-  def forward_backward(features, labels):
-    if decode is not None:
-      features = decode(features)
-    with tf.GradientTape() as tape:
-      outputs = _outputs(model, features, training=True)
-      per_example_loss = totals.loss_fn(labels, outputs)
-      loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
-      regularization = None
-      if model.losses:  # the whole model's term, once per step: 1/replicas of it per replica
-        regularization = tf.cast(tf.add_n(model.losses), tf.float32)
-        loss += tf.nn.scale_regularization_loss(regularization)
-      if loss_scale is not None:  # float16: keep small gradients from underflowing
-        loss = loss_scale.scale_loss(loss)
-    return tape.gradient(loss, variables), per_example_loss, outputs, regularization
-
-  def replica_step(batch, running):
-    features, labels = batch
-    grads, per_example_loss, outputs, regularization = forward_backward(features, labels)
-    context = tf.distribute.get_replica_context()
-    # The one and only gradient reduction (see trainer/optimizers.py for why).
-    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads,
-                                 options=communication_options)
-    finite = None
-    if loss_scale is not None:  # the same reduced gradients, so the same verdict, everywhere
-      reduced, finite = loss_scale.unscale(reduced)
-    if clip_norm > 0:
-      reduced, norm = tf.clip_by_global_norm(reduced, clip_norm)  # norm: before clipping
-    else:
-      norm = tf.linalg.global_norm(reduced)
-    context.merge_call(
-        lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
-            strategy_, optimizer, grads_, variables, loss_scale=loss_scale, finite=finite_,
-            jit_compile=compile_pieces, fused_kernels=not jit_compile),
-        args=(reduced, finite))
-    return running + totals.of_batch(per_example_loss, outputs, labels, norm,
-                                     may_overflow=loss_scale is not None,
-                                     regularization=regularization)
-
-  if fuse_whole_step:
-    return tf.function(replica_step, jit_compile=True, autograph=False)
-  return replica_step
+def check_values(what: str, values) -> dict:
+  """A step's return value, at trace time: {name: per-example [batch] or scalar}."""
+  if not isinstance(values, dict) or not all(isinstance(name, str) for name in values):
+    kind = "a tensor" if tf.is_tensor(values) else type(values).__name__
+    raise UserError(f"{what} returned {kind}; it returns a dict of named "
+                    f"per-example values ({{'loss': per_example_loss, ...}})")
+  for name, value in values.items():
+    if not tf.is_tensor(value) and not isinstance(value, (float, int)):
+      raise UserError(f"{what} returned {name!r} as {type(value).__name__}, not a tensor")
+    rank = tf.convert_to_tensor(value).shape.rank
+    if rank not in (0, 1):
+      raise UserError(f"{what} returned {name!r} of rank {rank}: values are per example "
+                      f"(shape [batch]) or per step (a scalar)")
+  return values
 
 
-def _state_finite(model, optimizer):
-  """Whether every floating-point weight and optimizer slot is finite: a slot can
+def discover(step_fn, batch_spec, what: str, strategy=None) -> tuple[list, dict]:
+  """(the names the step returns, in order; the context's gradient norms by name), by
+  tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
+  With a `strategy` it is traced in a replica context, as it will run."""
+  found = {}
+
+  def replica_probe(batch):
+    values, norms = step_fn(batch)
+    found["values"] = check_values(what, values)
+    found["norms"] = norms
+    return tf.constant(0)
+
+  def probe(batch):
+    if strategy is None:
+      return replica_probe(batch)
+    return strategy.run(replica_probe, args=(batch,))
+
+  tf.function(probe, autograph=True).get_concrete_function(batch_spec)
+  return list(found["values"]), dict(found["norms"])
+
+
+def state_finite(variables):
+  """Whether every floating-point variable of the task's state is finite: a slot can
   overflow (Adam's second moment) while the loss and the weights still look fine."""
-  variables = [v for v in model.variables + optimizer.variables
-               if tf.as_dtype(v.dtype).is_floating]
+  variables = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
   return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
 
-def make_train_loop(strategy, model, optimizer, totals: Totals, *,
-                    global_batch_size: int, communication_options, loss_scale=None,
-                    jit_compile: bool = False, clip_norm: float = 0.0, decode=None):
-  """Returns `train_loop(iterator, num_steps) -> (state_finite, totals)`: `num_steps`
-  steps and the sums of their batches, in one tf.function call."""
-  replica_step = _make_replica_step(
-      model, optimizer, totals, global_batch_size=global_batch_size,
-      communication_options=communication_options, loss_scale=loss_scale,
-      jit_compile=jit_compile, clip_norm=clip_norm, decode=decode,
-      fuse_whole_step=jit_compile and strategy.num_replicas_in_sync == 1)
+def make_replica_step(task, sums: Sums, step_context, decode=None, fuse_whole_step=False):
+  """`replica_step(batch, running, step) -> running`: the task's step on this replica's
+  share of a global batch, its sums added to `running`. `step_context(step)` makes the
+  StepContext; `decode` maps the features as the pipeline delivers them (uint8
+  images) to what the model takes, on the device."""
+
+  def replica_step(batch, running, step):
+    features, labels = batch
+    if decode is not None:
+      features = decode(features)
+    context = step_context(step)
+    values = task.train_step((features, labels), context)
+    return running + sums.of_batch(values, _example_count(labels), context.gradient_norms)
+
+  if fuse_whole_step:
+    return tf.function(replica_step, jit_compile=True)
+  return replica_step
+
+
+def make_train_loop(strategy, replica_step, sums: Sums, variables):
+  """Returns `train_loop(iterator, num_steps, first_step) -> (state_finite, totals)`:
+  `num_steps` steps and the sums of their batches, in one tf.function call."""
 
   @tf.function
-  def train_loop(iterator, num_steps):
-    """Runs `num_steps` steps; returns whether every weight and optimizer slot is still finite and the
-    summed totals (on device, so the loop boundary reads both in one host sync)."""
-    running = strategy.run(totals.zeros)
-    for _ in tf.range(num_steps):
-      running = strategy.run(replica_step, args=(next(iterator), running))
-    return (_state_finite(model, optimizer),
-            strategy.reduce(tf.distribute.ReduceOp.SUM, running, axis=None))
+  def train_loop(iterator, num_steps, first_step):
+    """Runs `num_steps` steps; returns whether every variable of the state is still
+    finite and the summed totals (on device: the boundary reads both in one sync)."""
+    running = strategy.run(sums.zeros)
+    for i in tf.range(num_steps):
+      step = first_step + tf.cast(i, tf.int64)
+      running = strategy.run(replica_step, args=(next(iterator), running, step))
+    return state_finite(variables), strategy.reduce(tf.distribute.ReduceOp.SUM, running,
+                                                    axis=None)
 
   return train_loop
 
 
-def make_parameter_server_train_loop(coordinator, model, optimizer, totals: Totals, *,
-                                     global_batch_size: int, num_workers: int, loss_scale=None,
-                                     jit_compile: bool = False, clip_norm: float = 0.0,
-                                     decode=None):
-  """The same `train_loop(per_worker_iterator, num_steps) -> (state_finite, totals)`,
-  asynchronous.
+def make_parameter_server_train_loop(coordinator, replica_step, sums: Sums, variables,
+                                     num_workers: int):
+  """The same `train_loop(per_worker_iterator, num_steps, first_step)`, asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
   free worker runs one, reading and updating the variables on the parameter
@@ -194,36 +167,35 @@ def make_parameter_server_train_loop(coordinator, model, optimizer, totals: Tota
   survives losing workers.
   """
   strategy = coordinator.strategy
-  replica_step = _make_replica_step(model, optimizer, totals, global_batch_size=global_batch_size,
-                                    communication_options=None, loss_scale=loss_scale,
-                                    jit_compile=jit_compile, clip_norm=clip_norm, decode=decode)
 
   @tf.function
-  def worker_steps(iterator, num_steps):
-    running = totals.zeros()
-    for _ in tf.range(num_steps):
-      running = strategy.run(replica_step, args=(next(iterator), running))
+  def worker_steps(iterator, num_steps, first_step):
+    running = sums.zeros()
+    for i in tf.range(num_steps):
+      step = first_step + tf.cast(i, tf.int64)
+      running = strategy.run(replica_step, args=(next(iterator), running, step))
     return running
 
   @tf.function
-  def state_finite():
-    return _state_finite(model, optimizer)
+  def finite():
+    return state_finite(variables)
 
-  def train_loop(per_worker_iterator, num_steps):
-    num_steps = int(num_steps)
+  def train_loop(per_worker_iterator, num_steps, first_step):
+    num_steps, first_step = int(num_steps), int(first_step)
     pieces = min(num_steps, 2 * num_workers)  # enough to keep every worker busy
-    sums = []
+    results, start = [], first_step
     for i in range(pieces):
       chunk = num_steps // pieces + (1 if i < num_steps % pieces else 0)
-      sums.append(coordinator.schedule(worker_steps,
-                                       args=(per_worker_iterator, tf.constant(chunk))))
+      results.append(coordinator.schedule(worker_steps, args=(
+          per_worker_iterator, tf.constant(chunk), tf.constant(start, tf.int64))))
+      start += chunk
     coordinator.join()  # host sync: every scheduled step has run
-    return state_finite(), tf.add_n([remote.fetch() for remote in sums])
+    return finite(), tf.add_n([remote.fetch() for remote in results])
 
   return train_loop
 
 
-def make_eval_pass(strategy, model, totals: Totals, dataset, decode=None):
+def make_eval_pass(strategy, task, sums: Sums, dataset, decode=None):
   """Returns `eval_pass() -> totals`: one pass over every example of `dataset`, a
   distributed dataset of `strategy`; with `strategy=None` a plain dataset
   evaluated right here (the parameter-server coordinator, reading the weights
@@ -232,11 +204,11 @@ def make_eval_pass(strategy, model, totals: Totals, dataset, decode=None):
   def add_batch(features, labels, running):
     if decode is not None:
       features = decode(features)
-    outputs = _outputs(model, features, training=False)
-    return running + totals.of_batch(totals.loss_fn(labels, outputs), outputs, labels)
+    values = task.eval_step((features, labels))
+    return running + sums.of_batch(values, _example_count(labels))
 
   def replica_step(batch, running):
-    # A replica's slice of the last batch may hold no example: the model is not called
+    # A replica's slice of the last batch may hold no example: the task is not called
     # on it (oneDNN's Conv->BatchNorm fails on an empty batch), it adds nothing.
     features, labels = batch
     size = tf.shape(tf.nest.flatten(labels)[0])[0]
@@ -245,11 +217,11 @@ def make_eval_pass(strategy, model, totals: Totals, dataset, decode=None):
   @tf.function
   def eval_pass():
     if strategy is None:
-      running = totals.zeros()
+      running = sums.zeros()
       for batch in dataset:
         running = replica_step(batch, running)
       return running
-    running = strategy.run(totals.zeros)
+    running = strategy.run(sums.zeros)
     for batch in dataset:
       running = strategy.run(replica_step, args=(batch, running))
     return strategy.reduce(tf.distribute.ReduceOp.SUM, running, axis=None)

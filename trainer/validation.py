@@ -48,6 +48,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _in_range(config, "data.eval_fraction", 0.0, 1.0, high_inclusive=False)
   _one_of(config, "data.channels", (1, 3))
 
+  if config.train.task:
+    plugins.resolve("train.task", config.train.task)
+  for spec in [part.strip() for part in config.train.actions.split(",") if part.strip()]:
+    plugins.resolve("train.actions", spec)
   plugins.resolve("train.loss", config.train.loss, dict.fromkeys(LOSSES))
   _one_of(config, "train.from_logits", ("auto", "true", "false"))
   _metrics(config)
@@ -81,7 +85,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "checkpoint.keep_best")
   _one_of(config, "checkpoint.best_mode", BEST_MODES)
   reported = ["loss"] + [plugins.name_of(spec) for spec in metric_specs(config.eval)]
-  if config.checkpoint.keep_best and config.checkpoint.best_metric not in reported:
+  if (config.checkpoint.keep_best and config.checkpoint.best_metric not in reported
+      and not config.train.task):  # a Task's eval names are known once it is traced
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
   if config.checkpoint.init_from and not os.path.isdir(config.checkpoint.init_from):

@@ -1,0 +1,55 @@
+"""Actions for tests/test_actions.py: each FUNCTION(config) -> trainer.Action(s)."""
+import json
+import os
+
+import trainer
+
+
+def _append(boundary, name, value):
+  path = os.path.join(boundary.model_dir, f"{name}.jsonl")
+  with open(path, "a") as f:
+    f.write(json.dumps(value) + "\n")
+
+
+def record_every_7(config):
+  """Writes (step, train loss, eval seen) at every multiple of 7, from the chief."""
+  del config
+
+  def record(boundary):
+    if boundary.is_chief:
+      _append(boundary, "every_7", {"step": boundary.step, "loss": boundary.train["loss"],
+                                    "eval": boundary.eval is not None})
+  return trainer.Action(record, every_steps=7, name="record_every_7")
+
+
+def save_at_30(config):
+  del config
+  return trainer.Action(lambda boundary: "save" if boundary.step == 30 else None,
+                        every_steps=10, name="save_at_30")
+
+
+def stop_at_40(config):
+  del config
+  return trainer.Action(lambda boundary: "stop" if boundary.step == 40 else None,
+                        every_steps=10, name="stop_at_40")
+
+
+def stop_on_worker_1_at_40(config):
+  """Only the second worker decides: the agreement makes every worker stop there."""
+  del config
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  decides = task.get("type") == "worker" and task.get("index") == 1
+
+  def maybe_stop(boundary):
+    return "stop" if decides and boundary.step == 40 else None
+  return trainer.Action(maybe_stop, every_steps=10, name="stop_on_worker_1_at_40")
+
+
+def returns_a_number(config):
+  del config
+  return trainer.Action(lambda boundary: 3, every_steps=10, name="returns_a_number")
+
+
+def never_due(config):
+  del config
+  return trainer.Action(lambda boundary: None, name="never_due")

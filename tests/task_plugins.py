@@ -1,0 +1,96 @@
+"""Tasks that break the contract, each in its own way (tests/test_tasks.py)."""
+import keras
+import tensorflow as tf
+
+import trainer
+
+
+def _model():
+  return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                           keras.layers.Dense(10)], name="tiny")
+
+
+class _Base(trainer.Task):
+
+  def build(self, context):
+    self.model = _model()
+    self.optimizer = context.optimizer(self.model.trainable_variables)
+
+  def _loss(self, batch):
+    features, labels = batch
+    return keras.losses.sparse_categorical_crossentropy(labels, self.model(features),
+                                                        from_logits=True)
+
+
+class AppliesTwiceUnnamed(_Base):
+
+  def train_step(self, batch, step):
+    for _ in range(2):
+      with tf.GradientTape() as tape:
+        per_example = self._loss(batch)
+        loss = step.replica_loss(per_example)
+      step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
+    return {"loss": per_example}
+
+
+class UnbuiltOptimizer(_Base):
+
+  def build(self, context):
+    self.model = _model()
+    self.optimizer = keras.optimizers.SGD(0.1)
+
+  def train_step(self, batch, step):
+    return {}
+
+
+class WrongRank(_Base):
+
+  def train_step(self, batch, step):
+    features, _ = batch
+    return {"loss": tf.zeros([tf.shape(features)[0], 3])}
+
+
+class NotADict(_Base):
+
+  def train_step(self, batch, step):
+    return self._loss(batch)
+
+
+class NoModel(trainer.Task):
+
+  def build(self, context):
+    pass
+
+  def train_step(self, batch, step):
+    return {}
+
+
+class RaisingBuild(trainer.Task):
+
+  def build(self, context):
+    raise RuntimeError("no weights here")
+
+
+class NoGradient(_Base):
+
+  def build(self, context):
+    super().build(context)
+    self.unused = keras.layers.Dense(3)
+    self.unused.build((None, 2))
+    self.optimizer.build(self.model.trainable_variables + self.unused.trainable_variables)
+
+  def train_step(self, batch, step):
+    with tf.GradientTape() as tape:
+      per_example = self._loss(batch)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.optimizer, tape, loss,
+                  self.model.trainable_variables + self.unused.trainable_variables)
+    return {"loss": per_example}
+
+
+def auto_named_model(model_config, input_spec):
+  """Every name Keras's: `sequential_<n>`, `dense_<n>`, numbered per process."""
+  del input_spec
+  return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                           keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(model_config.num_classes)])

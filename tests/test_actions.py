@@ -1,0 +1,80 @@
+"""Actions (train.actions): user code at loop boundaries by its rule, seeing the metrics,
+whose "save"/"stop" decisions are agreed by every worker; bad ones refused in one line."""
+import json
+import os
+
+import pytest
+
+from tests.cli import REPO, run_trainer, train_ok
+
+_PLUGINS = os.path.join(REPO, "tests", "action_plugins.py")
+_EXAMPLE = os.path.join(REPO, "examples", "actions.py")
+_FLAGS = ["--config=synthetic", "--config.train.steps=60", "--config.train.steps_per_loop=25",
+          "--config.checkpoint.interval=50", "--config.data.num_train_examples=512",
+          "--config.data.num_eval_examples=200"]
+
+
+def _lines(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_an_action_every_7_steps_cuts_the_loops_there_and_sees_the_metrics(tmp_path):
+  train_ok(tmp_path, *_FLAGS, f"--config.train.actions={_PLUGINS}:record_every_7",
+           "--config.eval.interval=0")
+  seen = _lines(tmp_path / "every_7.jsonl")
+  assert [row["step"] for row in seen] == [7, 14, 21, 28, 35, 42, 49, 56]  # not 25, 50
+  assert all(row["loss"] > 0 for row in seen)
+
+
+def test_save_decision_checkpoints_that_step(tmp_path):
+  train_ok(tmp_path, *_FLAGS, f"--config.train.actions={_PLUGINS}:save_at_30")
+  assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["30", "50", "60"]
+
+
+def test_stop_decision_ends_training_there_with_checkpoint_eval_and_export(tmp_path):
+  summary = train_ok(tmp_path, *_FLAGS, f"--config.train.actions={_PLUGINS}:stop_at_40")
+  assert summary["step"] == 40 and summary["stopped_early_by"] == "stop_at_40"
+  assert summary["eval_examples"] == 200
+  assert "40" in os.listdir(tmp_path / "checkpoints")
+  assert os.path.isdir(tmp_path / "export" / "40")
+
+
+def test_csv_log_and_early_stop_example(tmp_path):
+  """examples/actions.py: an eval every 10 steps, stop once eval loss stops improving
+  by 10 (so, at the second eval), a CSV of every metric."""
+  config = tmp_path / "config.py"
+  config.write_text(
+      "from configs import synthetic\n"
+      "def get_config():\n"
+      "  config = synthetic.get_config()\n"
+      "  config.unlock()\n"
+      "  config.early_stop = dict(patience=1, min_delta=10.0)\n"
+      f"  config.train.actions = '{_EXAMPLE}:csv_log,{_EXAMPLE}:early_stop'\n"
+      "  config.train.steps, config.eval.interval, config.train.steps_per_loop = 60, 10, 10\n"
+      "  config.data.num_train_examples, config.data.num_eval_examples = 512, 200\n"
+      "  return config\n")
+  summary = train_ok(tmp_path / "run", f"--config={config}", "--mode=train_and_eval")
+  assert summary["step"] == 20 and summary["stopped_early_by"] == "early_stop"
+  rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+  assert rows[0] == "step,split,name,value"
+  assert any(row.startswith("10,eval,loss,") for row in rows)
+  assert any(row.startswith("20,train,accuracy,") for row in rows)
+
+
+def test_an_action_never_due_is_refused_in_one_line_before_training(tmp_path):
+  result = run_trainer(tmp_path / "run", *_FLAGS, f"--config.train.actions={_PLUGINS}:never_due")
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.error_lines()
+  assert len(lines) == 1 and "is never due" in lines[0], lines
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_action_deciding_nonsense_stops_the_run_with_one_error_line(tmp_path):
+  result = run_trainer(tmp_path / "run", *_FLAGS,
+                       f"--config.train.actions={_PLUGINS}:returns_a_number")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.splitlines()[-1] == (
+      "distloop: error: action 'returns_a_number' returned 3; an action returns None, 'stop' "
+      "or 'save'")
+  assert "Traceback" not in result.stderr

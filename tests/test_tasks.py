@@ -1,0 +1,140 @@
+"""A user's Task (examples/gan.py, examples/distillation.py) keeps every guarantee of the
+built-in step: one reduction per optimizer (same weights on 1, 2, 3 replicas with plain
+SGD), exact resume after SIGTERM with the task's noise, checkpointed state, export; and
+a Task that breaks the contract is refused in one line."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.cli import REPO, run_trainer, train_ok, user_environment
+from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+
+_GAN = os.path.join(REPO, "examples", "gan.py")
+_DISTILL = os.path.join(REPO, "examples", "distillation.py")
+_BAD = os.path.join(REPO, "tests", "task_plugins.py")
+
+
+def _outside(tmp_path, example: str) -> str:
+  """The example copied to a folder outside the repo: a user's own file."""
+  folder = tmp_path / "my_project"
+  folder.mkdir(exist_ok=True)
+  return shutil.copy(example, folder)
+
+
+def _gan_flags(gan: str, replicas: int, *extra: str) -> list[str]:
+  return [f"--config={gan}", f"--config.runtime.num_cpu_devices={replicas}",
+          "--config.runtime.strategy=mirrored", "--config.runtime.deterministic=true",
+          "--config.train.global_batch_size=48", "--config.data.num_train_examples=960",
+          "--config.data.num_eval_examples=96", *extra]
+
+
+def test_gan_weights_agree_on_1_2_3_replicas_with_plain_sgd(tmp_path):
+  """Plain SGD sees a doubled (or N-times) gradient in either optimizer; Adam would not."""
+  gan = _outside(tmp_path, _GAN)
+  arrays = {}
+  for replicas in (1, 2, 3):
+    model_dir = tmp_path / f"r{replicas}"
+    summary = train_ok(model_dir, *_gan_flags(gan, replicas, "--config.train.optimizer=sgd",
+                                              "--config.train.learning_rate=0.05",
+                                              "--config.train.steps=30",
+                                              "--config.train.steps_per_loop=10"))
+    assert summary["num_replicas"] == replicas
+    arrays[replicas] = checkpoint_arrays(model_dir, 30)
+  keys = arrays[1].keys()
+  assert any("generator" in key for key in keys) and any("discriminator" in key for key in keys)
+  assert any(key.startswith("optimizer/sgd_1/") for key in keys), sorted(keys)  # both optimizers
+  moved = checkpoint_arrays(tmp_path / "r1", 30)
+  assert_same_state(arrays[2], arrays[1], atol=1e-6)
+  assert_same_state(arrays[3], arrays[1], atol=1e-6)
+  assert moved.keys() == keys
+
+
+@pytest.mark.slow
+def test_gan_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path):
+  gan = _outside(tmp_path, _GAN)
+  flags = _gan_flags(gan, 2, "--config.train.steps=200", "--config.train.steps_per_loop=5",
+                     "--config.checkpoint.interval=100")
+  train_ok(tmp_path / "uninterrupted", *flags)
+  process = TrainerProcess(tmp_path / "stopped", *flags)
+  try:
+    process.wait_for(r"step 35/200")
+    process.send(signal.SIGTERM)
+    assert process.wait() == 42, process.output[-3000:]
+  finally:
+    process.kill()
+  stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
+  assert 35 <= stopped_at < 200 and stopped_at % 100
+  resumed = run_trainer(tmp_path / "stopped", *flags)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
+  assert_same_state(checkpoint_arrays(tmp_path / "stopped", 200),
+                    checkpoint_arrays(tmp_path / "uninterrupted", 200), atol=1e-6)
+
+
+def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
+  """Trained with the example's own config (Adam, 3,000 steps) from a user's folder, the
+  exported generator's samples fall near both modes of the mixture, about half each."""
+  gan = _outside(tmp_path, _GAN)
+  model_dir = tmp_path / "run"
+  completed = subprocess.run(
+      [sys.executable, "-m", "trainer", f"--config={os.path.basename(gan)}",
+       f"--model_dir={model_dir}"], cwd=os.path.dirname(gan), capture_output=True, text=True,
+      env=user_environment(), timeout=600)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  code = ("import numpy as np, tensorflow as tf\n"
+          f"served = tf.saved_model.load('{model_dir}/export/3000').signatures['serving_default']\n"
+          "noise = tf.random.stateless_normal([4000, 8], [7, 7])\n"
+          "np.save('samples.npy', served(noise=noise)['samples'].numpy())\n")
+  subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=300,
+                 capture_output=True, env=user_environment())
+  samples = np.load(tmp_path / "samples.npy")
+  left = samples[:, 0] < 0
+  near_mode = np.abs(np.abs(samples[:, 0]) - 2.0) < 1.0  # within 4 stddev of x = -2 or +2
+  assert 0.25 < left.mean() < 0.75, left.mean()  # both modes, neither dropped
+  assert near_mode.mean() > 0.8, near_mode.mean()
+  assert np.abs(samples[:, 1]).mean() < 0.6  # y stays near 0, as in the data
+
+
+def test_distillation_keeps_the_teacher_bit_identical_and_the_student_learns(tmp_path):
+  distill = _outside(tmp_path, _DISTILL)
+  teacher = tmp_path / "teacher"
+  train_ok(teacher, "--config=synthetic", "--config.train.steps=100")
+  summary = train_ok(tmp_path / "student", f"--config={distill}",
+                     f"--config.distill.teacher_dir={teacher}")
+  assert summary["eval_accuracy"] >= 0.9, summary  # the student learned (MLP, 300 steps)
+  assert summary["eval_teacher_accuracy"] >= 0.95, summary
+  before = checkpoint_arrays(teacher, 100)
+  after = checkpoint_arrays(tmp_path / "student", 300)
+  teacher_keys = [key for key in before if key.startswith("model/mnist_cnn/")]
+  assert teacher_keys
+  for key in teacher_keys:  # bit for bit: never updated, never cast
+    np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+  assert any(key.startswith("model/student/") for key in after)
+  assert not any("mnist_cnn" in key for key in after if key.startswith("optimizer/"))
+
+
+@pytest.mark.parametrize("task, fragments", [
+    ("AppliesTwiceUnnamed", ["both report grad_norm", "name="]),
+    ("UnbuiltOptimizer", ["not built", "optimizer.build"]),
+    ("WrongRank", ["'loss' of rank 2", "per example"]),
+    ("NotADict", ["train_step returned a tensor", "dict"]),
+    ("NoModel", ["holds no model or variable"]),
+    ("RaisingBuild", ["RaisingBuild.build raised RuntimeError: no weights here",
+                      "task_plugins.py:"]),
+    ("NoGradient", ["no gradient for", "leave it out"]),
+])
+def test_a_task_breaking_the_contract_is_refused_in_one_line(tmp_path, task, fragments):
+  result = run_trainer(tmp_path / "run", "--config=synthetic", f"--config.train.task={_BAD}:{task}",
+                       "--config.train.steps=2", "--config.data.num_train_examples=64")
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.error_lines()
+  assert len(lines) == 1 and lines[0].startswith("distloop: error: "), lines
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+  assert not (tmp_path / "run").exists()  # a refused run leaves nothing behind

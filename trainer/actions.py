@@ -1,0 +1,150 @@
+"""Actions: code at loop boundaries, *when* kept apart from *what*.
+
+An Action is a function and a rule saying when it is due:
+
+    every_steps=N     at every multiple of N (the loop stops there: the boundary exists)
+    every_seconds=T   once T seconds passed since it last ran (the chief's clock decides
+                      for every worker: clocks differ)
+    after_eval=True   at a boundary where an eval just ran (early stopping, keep-best)
+    at_end=True       at the final step
+    every_boundary    at every loop boundary (train.steps_per_loop)
+    phase="..."       at a phase of the run rather than a boundary: "restored" (after
+                      the restore, before training), "eval" (as an eval starts),
+                      "export" (before the SavedModel is written), "summary" (before
+                      summary.json is written)
+
+It is called with a `Boundary` (the step, the latest train and eval metrics, the
+model_dir, whether this process is the chief, the task) and may return a decision
+for the whole job: "stop" (save this step, then end training as if it were the
+last: final eval, export, exit 0) or "save" (checkpoint this step now). A decision
+is agreed across workers (any worker deciding decides for all), so every worker
+acts at the same step. Every worker runs every action (write files on the chief
+only: `boundary.is_chief`).
+
+distloop's own periodic work -- the progress line and TensorBoard, eval, keep-best,
+the checkpoint by steps and by clock, the profile window -- is made of the same
+Actions (trainer/loop.py, `Trainer._builtin_actions`). User actions come from
+`train.actions` (MODULE:FUNCTION entries, each `FUNCTION(config)` returning an
+Action or a list of them) or from `trainer.run(..., actions=[...])`.
+"""
+import dataclasses
+import time
+from typing import Any, Callable
+
+from trainer import periodic
+from trainer.errors import UserError
+
+DECISIONS = ("stop", "save")
+PHASES = ("restored", "eval", "export", "summary")
+
+
+@dataclasses.dataclass
+class Boundary:
+  """What an action sees. `train`: the metrics of the loop that just ended (means over
+  its steps); `eval`: the latest eval's (None before the first); `evaluated`: an eval
+  ran at this step."""
+  step: int
+  train: dict
+  eval: dict | None
+  evaluated: bool
+  model_dir: str
+  is_chief: bool
+  task: Any
+  final: bool = False
+
+
+class Action:
+  """`function(boundary) -> None | "stop" | "save"`, due by its rule (module docstring)."""
+
+  def __init__(self, function: Callable, *, every_steps: int = 0, every_seconds: float = 0.0,
+               after_eval: bool = False, at_end: bool = False, every_boundary: bool = False,
+               phase: str | None = None, name: str | None = None,
+               clock: Callable[[], float] = time.monotonic):
+    if not callable(function):
+      raise UserError(f"an Action's function must be callable, not {type(function).__name__}")
+    if phase is not None and phase not in PHASES:
+      raise UserError(f"Action phase={phase!r} is not one of {', '.join(PHASES)}")
+    if every_steps < 0 or every_seconds < 0:
+      raise UserError("an Action's every_steps and every_seconds must be >= 0")
+    if not (every_steps or every_seconds or after_eval or at_end or every_boundary or phase):
+      raise UserError(f"Action {name or getattr(function, '__name__', function)!r} is never "
+                      f"due: give every_steps, every_seconds, after_eval, at_end, "
+                      f"every_boundary or phase")
+    self.function = function
+    self.every_steps = every_steps
+    self.after_eval = after_eval
+    self.at_end = at_end
+    self.every_boundary = every_boundary
+    self.phase = phase
+    self.name = name or getattr(function, "__name__", type(function).__name__)
+    self.timer = periodic.AfterSeconds(every_seconds, clock) if every_seconds else None
+
+  def next_step(self, step: int, last_step: int) -> int:
+    """The next step after `step` at which a boundary must exist for this action."""
+    if self.every_steps:
+      return periodic.Every(self.every_steps, last_step).next_due(step)
+    return last_step
+
+  def due(self, step: int, last_step: int, *, evaluated: bool, clock_due: bool) -> bool:
+    if self.phase is not None:
+      return False
+    return (self.every_boundary or (self.every_steps and step % self.every_steps == 0)
+            or (self.at_end and step == last_step) or (self.after_eval and evaluated)
+            or clock_due)
+
+  def run(self, boundary: Boundary) -> str | None:
+    decision = self.function(boundary)
+    if self.timer is not None:
+      self.timer.restart()
+    if decision is not None and decision not in DECISIONS:
+      raise UserError(f"action {self.name!r} returned {decision!r}; an action returns None, "
+                      f"'stop' or 'save'")
+    return decision
+
+  def __repr__(self):
+    return f"Action({self.name})"
+
+
+def resolve(specs: str, config) -> list[Action]:
+  """train.actions: comma-separated MODULE:FUNCTION, each FUNCTION(config) -> Action(s)."""
+  from trainer import plugins  # pylint: disable=g-import-not-at-top
+  found = []
+  for spec in [part.strip() for part in (specs or "").split(",") if part.strip()]:
+    factory = plugins.resolve("train.actions", spec)
+    made = plugins.call("train.actions", spec, factory, config)
+    made = made if isinstance(made, (list, tuple)) else [made]
+    for action in made:
+      if not isinstance(action, Action):
+        raise UserError(f"train.actions entry {spec!r} returned {type(action).__name__}, not a "
+                        f"trainer.Action")
+      found.append(action)
+  return found
+
+
+class Schedule:
+  """The run's actions in order; what is due at a boundary, and the next boundary."""
+
+  def __init__(self, actions: list[Action], last_step: int):
+    self.actions = list(actions)
+    self.last_step = last_step
+    self._clocked = [a for a in self.actions if a.timer is not None]
+
+  def steps_to_next(self, step: int) -> int:
+    return min(a.next_step(step, self.last_step) for a in self.actions
+               if a.phase is None) - step
+
+  def clock_bits(self) -> int:
+    """Which clocked actions are due by this process's clock, as bits (the chief's win)."""
+    return sum(1 << i for i, a in enumerate(self._clocked) if a.timer.due())
+
+  def clock_due(self, action: Action, bits: int) -> bool:
+    return action.timer is not None and bool(bits >> self._clocked.index(action) & 1)
+
+  def restart_clocks(self) -> None:
+    for action in self._clocked:
+      action.timer.restart()
+
+  def at_phase(self, phase: str, boundary: Boundary) -> None:
+    for action in self.actions:
+      if action.phase == phase:
+        action.run(boundary)

@@ -1,0 +1,269 @@
+"""The Python API: `trainer.run(config, model_dir, mode=...)`, the CLI without the process.
+
+    import trainer, configs
+    summary = trainer.run(configs.get("synthetic"), "/tmp/run")     # trains; again: resumes
+    result = trainer.run("synthetic", "/tmp/run", mode="eval")
+
+For a notebook, a script, or a worker process of a distributed engine (Ray
+Train calls a Python function per worker). Everything the CLI checks is checked
+(the config, the model_dir, the data, a resume's changes), in the same order and
+with the same one-line messages, but raised, never `sys.exit`:
+
+    UserError, input_pipelines.DataError  bad input (the CLI's exit 2)
+    NonFiniteError, StorageError           the run failed (exit 1)
+    Preempted (a BaseException)            stopped at a step on disk (exit 42)
+
+No signal handler is installed unless `handle_signals=True` (the CLI passes
+it): then SIGTERM/SIGINT/SIGHUP stop the run at the next loop boundary with the
+step on disk, as on the command line. Logs go to stderr at INFO level.
+"""
+import contextlib
+import os
+import re
+
+from absl import logging
+
+import input_pipelines
+from input_pipelines import memory
+from trainer import config_changes
+from trainer import continuous_eval
+from trainer import logs
+from trainer import outputs
+from trainer import plugins
+from trainer import preemption
+from trainer import validation
+from trainer import writer_lock
+from trainer.errors import Preempted, UserError
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
+
+
+def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
+        checkpoint_step: int | None = None, handle_signals: bool = False):
+  """Runs `mode` in `model_dir` and returns its result: the summary (train,
+  train_and_eval; a finished run's summary.json with "already_finished": True), {"step", each eval value,
+  "examples"} (eval), the SavedModel's directory (export), the steps evaluated
+  (continuous_eval).
+
+  `config`: a ConfigDict, a built-in config's name or a config file's path.
+  `task`: a trainer.Task (or a Task class, or a function of the config returning
+  one) instead of train.task. `actions`: trainer.Action objects, run besides the
+  config's. Re-running on the same model_dir resumes (in the same process too).
+  """
+  if mode not in MODES:
+    raise UserError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+  config = _as_config(config)
+  preemption.clear()  # a stop asked of an earlier run in this process is not this run's
+  if logging.get_verbosity() < logging.INFO:  # visible by default; a caller's choice stays
+    logging.set_verbosity(logging.INFO)
+  with _signals_handled() if handle_signals else contextlib.nullcontext():
+    try:
+      return execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)
+    except (UserError, input_pipelines.DataError, Preempted):
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (translated or re-raised)
+      translated = translate(e)
+      if translated is None:
+        raise
+      raise translated from None
+
+
+def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,
+            task=None, actions=()):
+  """The run, checks first: bad input costs a second and leaves model_dir untouched.
+
+  Flags aside (the CLI's), the order is: the config's fields and plug-ins, the
+  model_dir's shape, a resume's changes (before TensorFlow starts), the data,
+  the runtime and strategy, the batch sizes against the splits and the memory
+  available, then (training) the writer lock on model_dir, then the Trainer.
+  """
+  with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
+    validation.check_config(config)
+  outputs.check_layout(model_dir)
+  if checkpoint_step is not None and mode != "eval":
+    raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
+  if is_parameter_server_task(config):
+    raise UserError("this process is a worker or ps task of a parameter-server cluster "
+                    "(TF_CONFIG): it serves; run `python -m trainer` there")
+  _stop_if_signalled(config)
+  training = mode in ("train", "train_and_eval")
+  if training:
+    config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
+    step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
+    if step is not None:
+      return {**outputs.read_summary(model_dir), "already_finished": True}
+  # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
+  # download path does import TensorFlow, hence the silenced start-up lines.)
+  with logs.native_startup_silenced():
+    splits = plugins.load_data(config.data, config.runtime.seed)
+    from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    from trainer import loop  # pylint: disable=g-import-not-at-top,unused-import
+    from trainer import runtime  # pylint: disable=g-import-not-at-top
+    if config.runtime.strategy == "multi_worker_mirrored":
+      preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
+    runtime.configure(config.runtime)
+    strategy = runtime.create_strategy(config.runtime)
+    runtime.seed(config.runtime)
+  preemption.reinstall()  # a multi-worker runtime installs a SIGTERM handler of its own
+  runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
+                       eval_batch=config.eval.global_batch_size,
+                       processes=runtime.num_workers(strategy))
+  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
+    if isinstance(source, input_pipelines.StreamSource):
+      batching.example_spec(source)
+  _stop_if_signalled(config)
+
+  with (_writer(model_dir) if training and runtime.is_chief(strategy)
+        else contextlib.nullcontext()):
+    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions)
+
+
+def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
+              splits, task, actions):
+  from trainer import loop  # pylint: disable=g-import-not-at-top
+  training = mode in ("train", "train_and_eval")
+  trainer = loop.Trainer(config, model_dir, strategy, splits, task=task, actions=actions,
+                         read_only=not training)
+  preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
+  try:
+    if training:
+      return trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
+    if mode == "continuous_eval":
+      return continuous_eval.ContinuousEval(
+          trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
+          timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
+          stopped=preemption.requested).run()
+    position = (trainer.restore_latest() if checkpoint_step is None
+                else _restore_step(trainer, checkpoint_step))
+    if position is None:
+      raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
+    if preemption.requested():  # eval and export are single-process: decide locally
+      raise Preempted(position.step)
+    logging.info("%s of step %d", mode, position.step)
+    if mode == "eval":
+      return {"step": position.step, **trainer.evaluate(position.step)}
+    return trainer.export(position.step)
+  finally:
+    trainer.close()
+
+
+def _as_config(config):
+  """A ConfigDict as given; a name or a path loaded as --config would load it."""
+  if isinstance(config, str):
+    from trainer import config_file  # pylint: disable=g-import-not-at-top
+    try:
+      return config_file.load(config)
+    except config_file.ConfigFileError as e:
+      raise UserError(str(e)) from None
+  return config
+
+
+@contextlib.contextmanager
+def _signals_handled():
+  installed = preemption.install()
+  try:
+    yield
+  finally:
+    if installed:
+      preemption.uninstall()
+
+
+@contextlib.contextmanager
+def _writer(model_dir: str):
+  """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
+
+  Taken after every check that needs no model (so a refused run never creates
+  model_dir); a refusal inside the block (another model's checkpoint, bad data found
+  by the model's checks or in training), or a signal before training (a hung model
+  builder: trainer/preemption.py), removes the lock file, and model_dir if taking the
+  lock created it and it holds no results. With the lock held, unfinished orbax
+  temporaries cannot be another live writer's: they are removed. A directory that
+  cannot be written fails here (exit 1), not at the first save after training.
+  """
+  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
+  lock = writer_lock.WriterLock.acquire(model_dir)
+  refused = False
+  try:
+    with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
+      outputs.check_writable(model_dir)
+      for directory in (outputs.checkpoint_dir(model_dir),
+                        outputs.best_checkpoint_dir(model_dir)):
+        removed = checkpoints.remove_temporaries(directory)
+        if removed:
+          logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
+                       len(removed), directory, ", ".join(removed))
+      yield lock
+  except Exception as e:  # pylint: disable=broad-except  (re-raised)
+    refused = is_bad_input(e) and not outputs.holds_results(model_dir)
+    raise
+  except Preempted as e:  # stopped before training: leave model_dir as a refusal does
+    refused = e.step is None and not outputs.holds_results(model_dir)
+    raise
+  finally:
+    lock.release(refused=refused)
+
+
+def is_bad_input(error: BaseException) -> bool:
+  """Whether the CLI reports `error` as bad input (exit 2)."""
+  return (isinstance(error, (UserError, input_pipelines.DataError))
+          or isinstance(translate(error), (UserError, input_pipelines.DataError)))
+
+
+def _stop_if_signalled(config) -> None:
+  """Start-up of a single process: a signal so far ends the run now, exit 42 (nothing
+  trained, nothing to save). Multi-worker jobs wait for the first agreed check, right
+  after the restore (a worker leaving alone would hang the others in a collective)."""
+  if preemption.requested() and config.runtime.strategy != "multi_worker_mirrored":
+    raise Preempted(None)
+
+
+def _restore_step(trainer, step: int):
+  """--checkpoint_step=N: the position of step N once loaded; UserError naming the steps
+  there are if N is not one of them."""
+  available = trainer.checkpoints.all_steps()
+  if step not in available:
+    raise UserError(f"--checkpoint_step={step}: no such checkpoint in "
+                    f"{trainer.checkpoints.directory} (available steps: "
+                    f"{', '.join(map(str, available)) or 'none'})")
+  position = trainer.restore(step)
+  if position is None:
+    raise UserError(f"--checkpoint_step={step}: "
+                    f"{os.path.join(trainer.checkpoints.directory, str(step))} cannot be read")
+  return position
+
+
+_XLA_NOT_DETERMINISTIC = "do not yet have a deterministic XLA implementation"
+
+
+class DataErrorInTfData(input_pipelines.DataError):
+  """A source's DataError raised inside tf.data: its threads may still be reading."""
+
+
+def translate(error: BaseException) -> Exception | None:
+  """TensorFlow's wrapping of what is really bad input, as the one-line error: a
+  DataError raised by a source inside tf.data; XLA without deterministic kernels."""
+  text = str(error)
+  if _XLA_NOT_DETERMINISTIC in text:
+    op = next((line.strip() for line in text.splitlines() if _XLA_NOT_DETERMINISTIC in line),
+              "")[:200]
+    return UserError("runtime.jit_compile=true cannot be runtime.deterministic=true for this "
+                     f"model: XLA has no deterministic kernel for one of its ops ({op}); set "
+                     "one of them to false")
+  match = re.search(r"DataError: (.+)", text)
+  if match and not isinstance(error, input_pipelines.DataError):
+    return DataErrorInTfData(match.group(1).strip())
+  return None
+
+
+def is_parameter_server_task(config) -> bool:
+  """A worker or ps task of a parameter-server cluster (TF_CONFIG): it serves, the
+  chief trains. Read without TensorFlow, before the finished-job check."""
+  import json  # pylint: disable=g-import-not-at-top
+  if config.runtime.strategy != "parameter_server":
+    return False
+  try:
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  except ValueError:
+    raise UserError("TF_CONFIG is not valid JSON") from None
+  return task.get("type") in ("worker", "ps")

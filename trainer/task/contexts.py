@@ -1,0 +1,172 @@
+"""What a Task is handed: `BuildContext` in build(), `StepContext` in train_step().
+
+The StepContext is where distloop keeps its guarantees inside a user's step:
+the loss is divided by the global batch (`replica_loss`), each gradient is
+all-reduced once and applied in a cross-replica context (`apply_gradients`,
+`minimize`), float16 losses are scaled per optimizer, and the step's randomness
+is a stateless function of (runtime.seed, step) (`normal`, `uniform`, `seed`).
+"""
+import tensorflow as tf
+
+from trainer import optimizers
+from trainer.errors import UserError
+
+
+class BuildContext:
+  """`config`: the run's config; `features_spec` / `labels_spec`: TensorSpecs of a
+  batch (batch dimension None); `probe`: a few real training examples (features,
+  labels), eager; `strategy`: build() already runs in its scope."""
+
+  def __init__(self, config, features_spec, labels_spec, probe, strategy):
+    self.config = config
+    self.features_spec = features_spec
+    self.labels_spec = labels_spec
+    self.probe = probe
+    self.strategy = strategy
+
+  def optimizer(self, variables=None):
+    """The optimizer of train.optimizer / learning_rate / lr_schedule, built for
+    `variables` when given."""
+    optimizer = optimizers.create(self.config.train)
+    if variables is not None:
+      optimizer.build(variables)
+    return optimizer
+
+  def load_weights(self, model, path: str) -> None:
+    """`model`'s weights from the newest checkpoint of a distloop model_dir (or its
+    checkpoints/ or one checkpoints/<step>/) written by a model of the same layers:
+    a frozen teacher, a pretrained encoder. UserError if they do not match."""
+    from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
+    from trainer.task import keys  # pylint: disable=g-import-not-at-top
+    variables = keys.model_variables(keys.model_names([model]))
+    loaded, _, _ = checkpoints.read_model_weights(path, checkpoints.variables_tree(variables))
+    checkpoints.assign_tree(variables, loaded)
+
+
+class StepContext:
+  """Handed to train_step, once per trace. `step`: the 0-based number of the step being
+  taken (an int64 tensor); `global_batch_size`; `num_replicas`."""
+
+  def __init__(self, *, step, global_batch_size: int, num_replicas: int, seed: int,
+               loss_scales: dict, clip_norm: float = 0.0, communication_options=None,
+               jit_compile: bool = False, fused_kernels: bool = True, tracing_only: bool = False):
+    self.step = step
+    self.global_batch_size = global_batch_size
+    self.num_replicas = num_replicas
+    self.jit_compile = jit_compile
+    self._seed = seed
+    self._loss_scales = loss_scales  # id(optimizer) -> DynamicLossScale (float16) or None
+    self._clip_norm = clip_norm
+    self._communication_options = communication_options
+    self._fused_kernels = fused_kernels
+    self._tracing_only = tracing_only  # discovering the step's outputs: nothing is applied
+    self.gradient_norms = {}  # name -> (norm, may_overflow), one per apply_gradients
+
+  # -- the loss and the update ----------------------------------------------------
+
+  def replica_loss(self, per_example_loss, regularization=None):
+    """This replica's share of the global-batch mean loss: sum(per_example_loss) /
+    global_batch_size (+ regularization / num_replicas, a per-step term such as
+    sum(model.losses)). Differentiate it: the SUM over replicas of its gradients is
+    the gradient of the global mean, for any replica count."""
+    loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=self.global_batch_size)
+    if regularization is not None:
+      loss += tf.nn.scale_regularization_loss(tf.cast(regularization, loss.dtype))
+    return loss
+
+  def gradients(self, optimizer, tape, loss, variables):
+    """tape.gradient(loss, variables), with `optimizer`'s float16 loss scale applied
+    (apply_gradients takes it off after the reduction)."""
+    scale = self._loss_scales.get(id(optimizer))
+    output_gradients = None if scale is None else tf.cast(scale.scale, loss.dtype)
+    return tape.gradient(loss, list(variables), output_gradients=output_gradients)
+
+  def apply_gradients(self, optimizer, gradients, variables, name: str | None = None):
+    """One update of `variables` by `optimizer` from this replica's gradients: summed
+    over replicas once, unscaled (float16; a step that overflowed is skipped and
+    the scale shrinks), clipped to train.clip_grad_norm, applied. Returns the global
+    norm of the reduced gradients (before clipping), reported as `grad_norm`
+    (`<name>_grad_norm` for a named update)."""
+    variables, gradients = list(variables), list(gradients)
+    label = f"{name}_grad_norm" if name else "grad_norm"
+    if label in self.gradient_norms:
+      raise UserError(f"two apply_gradients in one train_step both report {label}; pass "
+                      f"name= to tell them apart")
+    _check_gradients(optimizer, gradients, variables)
+    if self._tracing_only:
+      self.gradient_norms[label] = (tf.constant(0.0), False)
+      return tf.constant(0.0)
+    scale = self._loss_scales.get(id(optimizer))
+    context = tf.distribute.get_replica_context()
+    # The one and only gradient reduction (see trainer/optimizers.py for why).
+    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients,
+                                 options=self._communication_options)
+    finite = None
+    if scale is not None:  # the same reduced gradients, so the same verdict, everywhere
+      reduced, finite = scale.unscale(reduced)
+    if self._clip_norm > 0:
+      reduced, norm = tf.clip_by_global_norm(reduced, self._clip_norm)  # norm: before clipping
+    else:
+      norm = tf.linalg.global_norm(reduced)
+    context.merge_call(
+        lambda strategy_, grads_, finite_: optimizers.apply_reduced_gradients(
+            strategy_, optimizer, grads_, variables, loss_scale=scale, finite=finite_,
+            jit_compile=self.jit_compile, fused_kernels=self._fused_kernels),
+        args=(reduced, finite))
+    self.gradient_norms[label] = (norm, scale is not None)
+    return norm
+
+  def minimize(self, optimizer, tape, loss, variables, name: str | None = None):
+    """gradients() then apply_gradients(): `loss` from replica_loss(), recorded by `tape`."""
+    variables = list(variables)
+    return self.apply_gradients(optimizer, self.gradients(optimizer, tape, loss, variables),
+                                variables, name=name)
+
+  # -- randomness that a resumed run draws again ------------------------------------
+
+  def seed(self, salt: int = 0):
+    """A stateless seed ([2] int32) of (runtime.seed, salt, step, replica): for
+    tf.random.stateless_* ops whose numbers may differ between replicas."""
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.random.experimental.stateless_fold_in(self._step_seed(salt), replica)
+
+  def normal(self, shape, dtype=tf.float32, salt: int = 0):
+    """Standard-normal noise [this replica's examples, *shape]: the rows of the global
+    batch's draw this replica holds, so the global batch's noise is the same for any
+    replica count (a GAN's samples, a diffusion model's noise)."""
+    return self._rows(tf.random.stateless_normal(
+        [self.global_batch_size, *shape], self._step_seed(salt), dtype=dtype))
+
+  def uniform(self, shape, dtype=tf.float32, salt: int = 0, minval=0, maxval=1):
+    """Uniform noise, as `normal`."""
+    return self._rows(tf.random.stateless_uniform(
+        [self.global_batch_size, *shape], self._step_seed(salt), minval=minval,
+        maxval=maxval, dtype=dtype))
+
+  def _step_seed(self, salt: int):
+    base = tf.constant([self._seed, salt], tf.int64)
+    return tf.random.experimental.stateless_fold_in(base, tf.cast(self.step, tf.int64))
+
+  def _rows(self, values):
+    rows = self.global_batch_size // self.num_replicas
+    if self.num_replicas == 1:
+      return values
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return values[replica * rows:(replica + 1) * rows]
+
+
+def _check_gradients(optimizer, gradients, variables) -> None:
+  """At trace time, in words: a variable with no gradient, or one the optimizer was not
+  built for (its slots would have to be created inside the compiled step)."""
+  if len(gradients) != len(variables):
+    raise UserError(f"apply_gradients got {len(gradients)} gradients for {len(variables)} "
+                    f"variables")
+  for gradient, variable in zip(gradients, variables):
+    if gradient is None:
+      raise UserError(f"no gradient for {variable.path}: the loss does not depend on it; "
+                      f"leave it out of the variables passed to minimize/apply_gradients")
+    try:
+      optimizer._get_variable_index(variable)  # pylint: disable=protected-access
+    except (KeyError, AttributeError, ValueError):
+      raise UserError(f"optimizer {optimizer.name!r} was not built for {variable.path}: "
+                      f"call optimizer.build(variables) in Task.build") from None

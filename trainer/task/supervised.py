@@ -1,0 +1,118 @@
+"""The built-in step: one model, one loss, metrics, one optimizer -- a Task like a user's.
+
+Built from the config: model.name (a built-in or MODULE:FUNCTION builder),
+train.loss, eval.metrics, train.optimizer / learning_rate / lr_schedule,
+train.from_logits. At build it runs the start-up checks on real examples
+(trainer/compatibility.py: the model fits the data, the loss and every metric
+return per-example values, no compile()d training config of its own) and
+decides logits or probabilities (trainer/probabilities.py).
+
+Its train_step reports `loss` (the data loss + model.losses, as differentiated),
+`regularization_loss` (model.losses alone) and every metric as train_<name>; its
+eval_step `loss` (the data loss) and every metric. With XLA on several replicas
+its forward and backward are one compiled piece per replica (the update is one
+per device, around the one all-reduce); with one replica the whole step is.
+"""
+import ml_collections
+import tensorflow as tf
+
+import input_pipelines
+import models
+from trainer import compatibility
+from trainer import losses
+from trainer import metrics
+from trainer import plugins
+from trainer import probabilities
+from trainer.errors import UserError
+from trainer.task import contract
+
+
+def _outputs(model, features, training: bool):
+  """float32 outputs whatever the compute dtype (mixed precision computes in 16 bits)."""
+  return tf.cast(model(features, training=training), tf.float32)
+
+
+class SupervisedTask(contract.Task):
+  """model(features) -> outputs; train.loss(labels, outputs); eval.metrics."""
+
+  def build(self, context) -> None:
+    config = context.config
+    train_source, eval_source = context.sources
+    self.model_config, self.num_classes_from = model_config(config, context.sources)
+    self.model = plugins.build_model(self.model_config, context.features_spec)
+    features, labels = context.probe
+    probe_outputs = compatibility.model_outputs(config, self.model, features)  # builds it
+    # Logits or probabilities (train.from_logits): decides the loss, thresholds, export.
+    self.outputs_are_probabilities = probabilities.decide(config, self.model, probe_outputs)
+    self._loss = losses.resolve(config.train.loss, probabilities=self.outputs_are_probabilities)
+    self._metrics = metrics.resolve(config.eval, config.train.loss,
+                                    probabilities=self.outputs_are_probabilities)
+    compatibility.check(config, probe_outputs, self._loss, self._metrics, labels, train_source,
+                        eval_source)
+    self.optimizer = context.optimizer(self.model.trainable_variables)
+    self._loss_name = config.train.loss
+    self._features_spec = context.features_spec
+    self._feature_name = train_source.feature_name
+
+  def train_step(self, batch, step) -> dict:
+    features, labels = batch
+    variables = self.model.trainable_variables
+
+    def forward_backward(features, labels):
+      with tf.GradientTape() as tape:
+        outputs = _outputs(self.model, features, training=True)
+        per_example_loss = self._loss(labels, outputs)
+        regularization = None
+        if self.model.losses:  # the whole model's term, once per step
+          regularization = tf.cast(tf.add_n(self.model.losses), tf.float32)
+        loss = step.replica_loss(per_example_loss, regularization)
+      return (step.gradients(self.optimizer, tape, loss, variables), per_example_loss, outputs,
+              regularization)
+
+    if step.jit_compile:  # several replicas under XLA: forward and backward compiled apart
+      forward_backward = tf.function(forward_backward, jit_compile=True, autograph=False)
+    grads, per_example_loss, outputs, regularization = forward_backward(features, labels)
+    step.apply_gradients(self.optimizer, grads, variables)
+    if regularization is None:
+      regularization = tf.constant(0.0)
+    return {"loss": per_example_loss + regularization,  # as differentiated
+            "regularization_loss": regularization,
+            **{name: fn(labels, outputs) for name, fn in self._metrics.items()}}
+
+  def eval_step(self, batch) -> dict:
+    features, labels = batch
+    outputs = _outputs(self.model, features, training=False)
+    return {"loss": self._loss(labels, outputs),
+            **{name: fn(labels, outputs) for name, fn in self._metrics.items()}}
+
+  def export(self) -> contract.Export:
+    from trainer import export  # pylint: disable=g-import-not-at-top
+    output_name, transform = losses.served_output(self._loss_name,
+                                                  probabilities=self.outputs_are_probabilities)
+    return contract.Export(
+        model=self.model, output_name=output_name, transform=transform,
+        input_spec=export.serving_spec(self._features_spec, self._feature_name),
+        build=lambda spec: plugins.build_model(self.model_config, spec))
+
+
+def model_config(config: ml_collections.ConfigDict, splits
+                 ) -> tuple[ml_collections.ConfigDict, str | None]:
+  """config.model with `num_classes` resolved: 0 means "from the data" (the class folders,
+  the MNIST family's 10, the largest integer label + 1). A built-in model that needs it is
+  refused when the data cannot say; a user's builder gets 0 then. The recorded config
+  keeps 0, as given. Also returns what gave the count (for the start log), or None."""
+  model_config_ = config.model
+  if model_config_.num_classes:
+    return model_config_, None
+  found = input_pipelines.num_classes(*splits)
+  if found is None:
+    if model_config_.name in models.NEEDS_NUM_CLASSES:
+      raise UserError(
+          f"model.num_classes=0 (from the data), but data.name={config.data.name!r} cannot say "
+          f"how many classes it has (labels that are not integer class ids, or a tf.data "
+          f"stream); set model.num_classes")
+    return model_config_, None
+  count, source = found
+  model_config_ = ml_collections.ConfigDict(model_config_.to_dict())
+  model_config_.num_classes = count
+  return model_config_, source
