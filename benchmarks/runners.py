@@ -85,7 +85,7 @@ _SEED = 0  # runtime.seed of configs/synthetic.py: the same weights and data as 
 
 
 def _setup():
-  """(strategy, splits, config): the runtime as trainer/runtime.py sets it up."""
+  """(strategy, splits, config): the runtime as trainer/cluster/runtime.py sets it up."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from configs import synthetic  # pylint: disable=g-import-not-at-top
@@ -321,7 +321,7 @@ def _pipeline() -> dict:
   if _DATA_DIR.value:
     from input_pipelines import records  # pylint: disable=g-import-not-at-top
     source = records.build(ml_collections.ConfigDict({"dir": _DATA_DIR.value}), _SEED)[0]
-  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop.py reads
+  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop/controller.py reads
       lambda context: batching.train_dataset(source, seed=config.runtime.seed,
                                              global_batch_size=_BATCH.value, start_example=0,
                                              input_context=context, decode_on_device=True)))
@@ -375,7 +375,7 @@ def main(argv):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
   if _RUNNER.value == "orbit":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf-keras: orbit's Keras
-  from trainer import runtime  # pylint: disable=g-import-not-at-top  (picks the CPU kernels first)
+  from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top  (picks the CPU kernels first)
   try:
     runners = {"fit": _fit, "bare": _bare, "bare_xla": lambda: _bare(jit_compile=True),
                "orbit": _orbit, "pipeline": _pipeline}

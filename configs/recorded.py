@@ -1,14 +1,14 @@
 """The config a model_dir recorded, as a config file: `--config=DIR/config.json`.
 
 The trainer writes the resolved config of every run to model_dir/config.json
-(trainer/outputs.py). `get_config(path)` reads it back as a locked ConfigDict
+(trainer/state/model_dir.py). `get_config(path)` reads it back as a locked ConfigDict
 built on common.base_config(): every field exists (a field distloop added since
 keeps its default), the values are the file's, and a user config's own fields
 (examples/my_config.py) are kept. `--config.FIELD=VALUE` overrides apply on top.
 
 The command line resolves `--config=DIR/config.json` to `configs/recorded.py:DIR/config.json`,
 and uses it with no --config at all when model_dir holds a config.json
-(trainer/config_file.py), so eval, export, continuous_eval and a resume run the
+(trainer/cli/config_file.py), so eval, export, continuous_eval and a resume run the
 model that was trained there without repeating its flags.
 """
 import json

@@ -25,7 +25,7 @@ position), so augmentation is random yet the same after a resume; prefetch.
 Eval: every example once, in source order. Eval batch k is examples
 [k*E, min((k+1)*E, N)); replica r gets its slice of ceil(E/R) of them, which
 may be empty on the last batch (the eval step skips the model for it: it adds
-nothing to the sums; trainer/steps.py make_eval_pass). Training slices never are:
+nothing to the sums; trainer/loop/steps.py make_eval_pass). Training slices never are:
 the global batch divides by the replica count (runtime.check_batch_divisible).
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be

@@ -1,6 +1,6 @@
 """Batch sizes the data and this machine can hold: checked before anything is allocated.
 
-Runs after the sources are built and before the writer lock (trainer/__main__.py):
+Runs after the sources are built and before the writer lock (trainer/api.py):
 a refused batch size is one line, exit 2, and model_dir is never touched. Two
 checks, numpy and /proc only:
 

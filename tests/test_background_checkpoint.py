@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from trainer import checkpoints
+from trainer.state import checkpoints
 from trainer.errors import StorageError
 
 

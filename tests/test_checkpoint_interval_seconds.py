@@ -5,7 +5,7 @@ import os
 import re
 
 from tests.cli import run_trainer
-from trainer import periodic
+from trainer.loop import periodic
 
 
 class _Clock:

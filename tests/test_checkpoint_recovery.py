@@ -99,7 +99,7 @@ def test_a_step_evaluated_again_after_a_rollback_keeps_its_best_checkpoint(tmp_p
 def test_keep_best_ranks_by_metric_not_by_age(tmp_path):
   """After a rollback a step older than the newest kept one must still compete, and a
   step kept already is not written again (orbax: StepAlreadyExistsError)."""
-  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (orbax, no TensorFlow)
+  from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax, no TensorFlow)
   best = checkpoints.Checkpoints(str(tmp_path / "best"), max_to_keep=2, async_save=False,
                                  writer=True, best_metric="accuracy")
   tree = {"w": np.zeros(2, np.float32)}

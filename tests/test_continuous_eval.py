@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from tests.cli import run_trainer
 from tests.processes import TrainerProcess
-from trainer import continuous_eval
+from trainer.loop import continuous_eval
 from trainer.errors import UserError
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)

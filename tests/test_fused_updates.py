@@ -1,12 +1,12 @@
 """Where XLA does not compile the update, Adam, SGD and momentum take one fused kernel per
-variable (trainer/optimizers.py): it must be Keras's own update, step for step, with a
+variable (trainer/task/optimizers.py): it must be Keras's own update, step for step, with a
 learning-rate schedule too; other optimizers keep Keras's `update_step`."""
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import optimizers
+from trainer.task import optimizers
 
 
 def _train(make_optimizer, fused: bool, monkeypatch) -> list[np.ndarray]:

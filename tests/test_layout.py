@@ -25,3 +25,72 @@ def test_lower_packages_import_nothing_from_trainer(package):
                                                  if name.split(".")[0] == "trainer")
             for path in sorted((REPO / package).rglob("*.py"))}
   assert not {path: names for path, names in upward.items() if names}
+
+
+# trainer/'s top level: the public API and the two commands; everything else in one of
+# five places, named for its job (README.md's Layout).
+_TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py"}
+_PLACES = ("cli", "loop", "state", "task", "cluster")
+# Who may import whom inside trainer/: a place imports only the places after it in this
+# order (and itself); errors.py is everyone's. trainer/api.py stands over loop/ and
+# under cli/.
+_LAYERS = ("cli", "api", "loop", "task", "state", "cluster", "errors")
+
+
+def test_trainer_top_level_holds_only_the_api_and_five_places():
+  entries = {path.name for path in (REPO / "trainer").iterdir()
+             if path.name != "__pycache__"}
+  assert entries == _TOP_LEVEL | set(_PLACES)
+  for place in _PLACES:
+    init = REPO / "trainer" / place / "__init__.py"
+    assert init.is_file(), init
+    assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says what lives there"
+
+
+def _layer(module: str) -> str | None:
+  parts = module.split(".")
+  if parts[0] != "trainer" or len(parts) < 2:
+    return None
+  return parts[1] if parts[1] in _LAYERS else None
+
+
+def test_imports_inside_trainer_point_one_way():
+  upward = []
+  for path in sorted((REPO / "trainer").rglob("*.py")):
+    relative = path.relative_to(REPO / "trainer")
+    own = relative.parts[0] if len(relative.parts) > 1 else relative.stem
+    if own not in _LAYERS:
+      continue  # __init__, __main__, launch: the entry points over everything
+    for name in _imported_modules(path):
+      layer = _layer(name)
+      if layer is not None and _LAYERS.index(layer) < _LAYERS.index(own):
+        upward.append(f"trainer/{relative} imports {name}")
+  assert not upward
+
+
+def test_built_in_names_are_listed_once():
+  """The start-up checks read trainer/task/names.py; the registries answer exactly those
+  names (a name added to one and not the other would pass the checks and fail later, or
+  the reverse)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from trainer.task import losses, metrics, names, optimizers  # pylint: disable=g-import-not-at-top
+
+  assert tuple(losses.BUILTINS) == names.LOSSES
+  eval_config = ml_collections.ConfigDict({"metrics": ",".join(names.METRICS), "top_k": 2})
+  assert tuple(metrics.resolve(eval_config, "mean_squared_error")) == names.METRICS
+  train = ml_collections.ConfigDict({"learning_rate": 0.1, "momentum": 0.9, "steps": 10,
+                                     "warmup_steps": 0, "lr_decay_steps": 5,
+                                     "lr_decay_rate": 0.5, "lr_schedule": "constant",
+                                     "optimizer": ""})
+  for name in names.OPTIMIZERS:
+    train.optimizer = name
+    optimizers.create(train)
+  for schedule in names.LR_SCHEDULES:
+    train.lr_schedule = schedule
+    optimizers.learning_rate(train)
+  for registry, unknown in ((optimizers.create, ("optimizer", "lamb")),
+                            (optimizers.learning_rate, ("lr_schedule", "linear"))):
+    train.optimizer, train.lr_schedule = "sgd", "constant"
+    setattr(train, *unknown)
+    with pytest.raises(ValueError):
+      registry(train)

@@ -215,7 +215,7 @@ def test_rollback_restores_the_same_step_on_every_worker(tmp_path):
 ], ids=["worker-beside-a-chief", "chief-beside-a-worker", "two-workers", "one-worker"])
 def test_every_chief_and_worker_task_counts(monkeypatch, cluster, task, workers, chief):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from trainer import runtime  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
                                               "task": {"type": task[0], "index": task[1]}}))
   strategy = types.SimpleNamespace(

@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli import run_trainer, train_ok
 from tests.processes import TrainerProcess, checkpoint_arrays
-from trainer import writer_lock
+from trainer.state import writer_lock
 from trainer.errors import UserError
 
 _FLAGS = ["--config=synthetic", "--config.train.global_batch_size=48",

@@ -48,7 +48,7 @@ def test_float16_skips_overflowing_steps_on_every_replica_and_checkpoints_its_sc
 def test_loss_scale_halves_on_overflow_and_grows_after_finite_steps():
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from trainer.loss_scale import DynamicLossScale  # pylint: disable=g-import-not-at-top
+  from trainer.task.loss_scale import DynamicLossScale  # pylint: disable=g-import-not-at-top
   loss_scale = DynamicLossScale(initial_scale=8.0, growth_interval=3)
   grads, finite = loss_scale.unscale([tf.constant([16.0, np.inf])])
   assert not bool(finite)

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from tests.cli import REPO, run_trainer
-from trainer import progress
+from trainer.loop import progress
 
 _FLAGS = ["--config=synthetic", "--config.train.steps=40", "--config.train.steps_per_loop=10",
           "--config.checkpoint.interval=20", "--config.data.num_train_examples=1000",

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from tests.cli import run_trainer, train_ok
-from trainer import config_changes
-from trainer import outputs
+from trainer.state import config_changes
+from trainer.state import model_dir as layout
 from trainer.errors import UserError
 
 _FLAGS = ["--config=synthetic", "--config.train.steps_per_loop=2",
@@ -110,8 +110,8 @@ def test_the_data_moved_to_another_path_resumes_with_a_warning(tmp_path, caplog)
 
 def test_a_config_json_from_before_the_history_is_kept(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"train": {"steps": 2}}))
-  outputs.record_config(str(tmp_path), {"train": {"steps": 4}}, step=2)
-  outputs.record_config(str(tmp_path), {"train": {"steps": 4}}, step=3)  # the same: no entry
+  layout.record_config(str(tmp_path), {"train": {"steps": 4}}, step=2)
+  layout.record_config(str(tmp_path), {"train": {"steps": 4}}, step=3)  # the same: no entry
   history = sorted(os.listdir(tmp_path / "config_history"))
   assert [name.split("_", 1)[1] for name in history] == ["earlier.json", "step2.json"]
   assert json.loads((tmp_path / "config_history" / history[0]).read_text()) == {

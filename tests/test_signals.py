@@ -17,7 +17,7 @@ import pytest
 from tests.cli import REPO, run_trainer, train_ok
 from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
                              loopback_only, needs_loopback)
-from trainer import continuous_eval
+from trainer.loop import continuous_eval
 from trainer.errors import Preempted
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)

@@ -111,7 +111,7 @@ def test_another_model_in_the_same_model_dir_is_refused(default_run):
                        "--config.train.steps=400")
   assert result.returncode == 2
   assert len(result.error_lines()) == 1
-  # Refused from config.json before TensorFlow starts (trainer/config_changes.py).
+  # Refused from config.json before TensorFlow starts (trainer/state/config_changes.py).
   assert (f"model.dense_units=32, but {model_dir} was trained with model.dense_units=64"
           in result.stderr)
   assert _digest(model_dir) == before

@@ -5,7 +5,7 @@ import importlib
 
 import configs
 from configs import synthetic
-from trainer import validation
+from trainer.task import validation
 from trainer.errors import UserError
 
 

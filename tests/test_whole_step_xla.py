@@ -47,7 +47,7 @@ def _runtime_config(**fields):
 
 def test_auto_is_off_on_a_cpu_and_the_choice_is_explicit_otherwise():
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from trainer import runtime  # pylint: disable=import-outside-toplevel
+  from trainer.cluster import runtime  # pylint: disable=import-outside-toplevel
   strategy = tf.distribute.get_strategy()
   assert runtime.jit_compile(_runtime_config(), strategy) is False  # no GPU here
   assert runtime.jit_compile(_runtime_config(jit_compile="true"), strategy) is True

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from trainer import checkpoints
+from trainer.state import checkpoints
 
 _DISK_FULL = ValueError("RESOURCE_EXHAUSTED: Error writing \"adam/0\" in OCDBT database: "
                         "Failed to write 1432867 bytes to file 20: No space left on device "

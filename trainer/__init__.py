@@ -1,7 +1,7 @@
 """distloop's trainer: a readable custom training loop on tf.distribute.
 
 Run it with `python -m trainer --config=NAME --model_dir=DIR`; the flow is read
-top to bottom in `trainer/loop.py`.
+top to bottom in `trainer/loop/controller.py`.
 
 Importing this package (before TensorFlow) turns on oneDNN's CPU kernels on
 x86-64 unless TF_ENABLE_ONEDNN_OPTS is already set: TensorFlow enables them by
@@ -20,8 +20,8 @@ if _platform.machine().lower() in ("x86_64", "amd64"):
 # config before TensorFlow loads): trainer.run (every mode), trainer.Task, trainer.Export,
 # trainer.Action.
 _API = {"Task": "trainer.task", "Export": "trainer.task", "BuildContext": "trainer.task",
-        "StepContext": "trainer.task", "run": "trainer.api", "Action": "trainer.actions",
-        "Boundary": "trainer.actions"}
+        "StepContext": "trainer.task", "run": "trainer.api", "Action": "trainer.loop.actions",
+        "Boundary": "trainer.loop.actions"}
 
 
 def __getattr__(name):

@@ -25,14 +25,14 @@ from absl import logging
 
 import input_pipelines
 from input_pipelines import memory
-from trainer import config_changes
-from trainer import continuous_eval
-from trainer import logs
-from trainer import outputs
-from trainer import plugins
-from trainer import preemption
-from trainer import validation
-from trainer import writer_lock
+from input_pipelines.native_output import native_startup_silenced
+from trainer.cluster import preemption
+from trainer.loop import continuous_eval
+from trainer.state import config_changes
+from trainer.state import model_dir as layout
+from trainer.state import writer_lock
+from trainer.task import plugins
+from trainer.task import validation
 from trainer.errors import Preempted, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
@@ -77,9 +77,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   the runtime and strategy, the batch sizes against the splits and the memory
   available, then (training) the writer lock on model_dir, then the Trainer.
   """
-  with logs.native_startup_silenced():  # a plug-in module may import TensorFlow
+  with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
-  outputs.check_layout(model_dir)
+  layout.check_layout(model_dir)
   if checkpoint_step is not None and mode != "eval":
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if is_parameter_server_task(config):
@@ -89,16 +89,16 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   training = mode in ("train", "train_and_eval")
   if training:
     config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
-    step = outputs.finished_step(model_dir, config.train.steps, config.to_dict())
+    step = layout.finished_step(model_dir, config.train.steps, config.to_dict())
     if step is not None:
-      return {**outputs.read_summary(model_dir), "already_finished": True}
+      return {**layout.read_summary(model_dir), "already_finished": True}
   # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
   # download path does import TensorFlow, hence the silenced start-up lines.)
-  with logs.native_startup_silenced():
+  with native_startup_silenced():
     splits = plugins.load_data(config.data, config.runtime.seed)
     from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
-    from trainer import loop  # pylint: disable=g-import-not-at-top,unused-import
-    from trainer import runtime  # pylint: disable=g-import-not-at-top
+    from trainer.loop import controller  # pylint: disable=g-import-not-at-top,unused-import
+    from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
     if config.runtime.strategy == "multi_worker_mirrored":
       preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
     runtime.configure(config.runtime)
@@ -121,9 +121,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
 
 def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
               splits, task, actions):
-  from trainer import loop  # pylint: disable=g-import-not-at-top
+  from trainer.loop import controller  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
-  trainer = loop.Trainer(config, model_dir, strategy, splits, task=task, actions=actions,
+  trainer = controller.Trainer(config, model_dir, strategy, splits, task=task, actions=actions,
                          read_only=not training)
   preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
   try:
@@ -137,7 +137,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     position = (trainer.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:
-      raise UserError(f"no checkpoint in {outputs.checkpoint_dir(model_dir)}; train first")
+      raise UserError(f"no checkpoint in {layout.checkpoint_dir(model_dir)}; train first")
     if preemption.requested():  # eval and export are single-process: decide locally
       raise Preempted(position.step)
     logging.info("%s of step %d", mode, position.step)
@@ -151,10 +151,10 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
 def _as_config(config):
   """A ConfigDict as given; a name or a path loaded as --config would load it."""
   if isinstance(config, str):
-    from trainer import config_file  # pylint: disable=g-import-not-at-top
+    from configs import files  # pylint: disable=g-import-not-at-top
     try:
-      return config_file.load(config)
-    except config_file.ConfigFileError as e:
+      return files.load(config)
+    except files.ConfigFileError as e:
       raise UserError(str(e)) from None
   return config
 
@@ -176,29 +176,29 @@ def _writer(model_dir: str):
   Taken after every check that needs no model (so a refused run never creates
   model_dir); a refusal inside the block (another model's checkpoint, bad data found
   by the model's checks or in training), or a signal before training (a hung model
-  builder: trainer/preemption.py), removes the lock file, and model_dir if taking the
+  builder: trainer/cluster/preemption.py), removes the lock file, and model_dir if taking the
   lock created it and it holds no results. With the lock held, unfinished orbax
   temporaries cannot be another live writer's: they are removed. A directory that
   cannot be written fails here (exit 1), not at the first save after training.
   """
-  from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
+  from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
   lock = writer_lock.WriterLock.acquire(model_dir)
   refused = False
   try:
     with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
-      outputs.check_writable(model_dir)
-      for directory in (outputs.checkpoint_dir(model_dir),
-                        outputs.best_checkpoint_dir(model_dir)):
+      layout.check_writable(model_dir)
+      for directory in (layout.checkpoint_dir(model_dir),
+                        layout.best_checkpoint_dir(model_dir)):
         removed = checkpoints.remove_temporaries(directory)
         if removed:
           logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
                        len(removed), directory, ", ".join(removed))
       yield lock
   except Exception as e:  # pylint: disable=broad-except  (re-raised)
-    refused = is_bad_input(e) and not outputs.holds_results(model_dir)
+    refused = is_bad_input(e) and not layout.holds_results(model_dir)
     raise
   except Preempted as e:  # stopped before training: leave model_dir as a refusal does
-    refused = e.step is None and not outputs.holds_results(model_dir)
+    refused = e.step is None and not layout.holds_results(model_dir)
     raise
   finally:
     lock.release(refused=refused)

@@ -28,7 +28,7 @@ class Preempted(BaseException):
 
   A BaseException, like KeyboardInterrupt: a signal during start-up raises it inside
   whatever runs then (a plug-in, Keras, a config's get_config), whose
-  `except Exception` must not swallow it (trainer/preemption.py).
+  `except Exception` must not swallow it (trainer/cluster/preemption.py).
 
   `step`: the step whose checkpoint is on disk; None when stopped before training
   started (nothing new to save; `signal_name` then says which signal, if known).

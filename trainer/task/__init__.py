@@ -4,18 +4,33 @@
 Task (the reduction, loss scaling and stateless randomness live there);
 `supervised.py` the built-in step, written on the same contract; `state.py` /
 `keys.py` what a built Task holds and its checkpoint keys.
+
+Around them, what a step is made of: optimizers (the one place gradients become
+an update) and loss scaling, losses, metrics and probabilities, the data's
+preprocess, plug-in resolution (plugins.py), the model checks (compatibility.py),
+the start-up checks of a config (validation.py, no TensorFlow) and the one list
+of built-in names (names.py).
+
+The contract's names are imported on first use, so that the start-up checks
+(validation.py, plugins.py) run before TensorFlow loads.
 """
-from trainer.task.contexts import BuildContext
-from trainer.task.contexts import StepContext
-from trainer.task.contract import Export
-from trainer.task.contract import Task
+_CONTRACT = {"Task": "trainer.task.contract", "Export": "trainer.task.contract",
+             "BuildContext": "trainer.task.contexts", "StepContext": "trainer.task.contexts"}
 
 
-def create(config, task=None) -> Task:
-  """The run's Task: `task` (a Task instance or class, or a function of the config
-  returning one), else train.task (MODULE:FUNCTION, the same), else the built-in
-  supervised step."""
-  from trainer import plugins  # pylint: disable=g-import-not-at-top
+def __getattr__(name):
+  if name in _CONTRACT:
+    import importlib  # pylint: disable=g-import-not-at-top
+    return getattr(importlib.import_module(_CONTRACT[name]), name)
+  raise AttributeError(f"module 'trainer.task' has no attribute {name!r}")
+
+
+def create(config, task=None):
+  """The run's Task (a trainer.Task): `task` (a Task instance or class, or a function
+  of the config returning one), else train.task (MODULE:FUNCTION, the same), else the
+  built-in supervised step."""
+  from trainer.task.contract import Task  # pylint: disable=g-import-not-at-top
+  from trainer.task import plugins  # pylint: disable=g-import-not-at-top
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
   spec = task if task is not None else config.train.task
   if spec in (None, ""):

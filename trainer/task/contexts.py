@@ -8,7 +8,7 @@ is a stateless function of (runtime.seed, step) (`normal`, `uniform`, `seed`).
 """
 import tensorflow as tf
 
-from trainer import optimizers
+from trainer.task import optimizers
 from trainer.errors import UserError
 
 
@@ -36,7 +36,7 @@ class BuildContext:
     """`model`'s weights from the newest checkpoint of a distloop model_dir (or its
     checkpoints/ or one checkpoints/<step>/) written by a model of the same layers:
     a frozen teacher, a pretrained encoder. UserError if they do not match."""
-    from trainer import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
+    from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
     from trainer.task import keys  # pylint: disable=g-import-not-at-top
     variables = keys.model_variables(keys.model_names([model]))
     loaded, _, _ = checkpoints.read_model_weights(path, checkpoints.variables_tree(variables))
@@ -98,7 +98,7 @@ class StepContext:
       return tf.constant(0.0)
     scale = self._loss_scales.get(id(optimizer))
     context = tf.distribute.get_replica_context()
-    # The one and only gradient reduction (see trainer/optimizers.py for why).
+    # The one and only gradient reduction (see trainer/task/optimizers.py for why).
     reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients,
                                  options=self._communication_options)
     finite = None

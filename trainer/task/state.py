@@ -6,9 +6,9 @@ trainer/task/keys.py and do not depend on Keras's per-process numbering.
 """
 import keras
 
-from trainer import loss_scale as loss_scales
-from trainer.errors import UserError
 from trainer.task import keys
+from trainer.task import loss_scale as loss_scales
+from trainer.errors import UserError
 
 
 class TaskState:

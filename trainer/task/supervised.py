@@ -3,9 +3,9 @@
 Built from the config: model.name (a built-in or MODULE:FUNCTION builder),
 train.loss, eval.metrics, train.optimizer / learning_rate / lr_schedule,
 train.from_logits. At build it runs the start-up checks on real examples
-(trainer/compatibility.py: the model fits the data, the loss and every metric
+(trainer/task/compatibility.py: the model fits the data, the loss and every metric
 return per-example values, no compile()d training config of its own) and
-decides logits or probabilities (trainer/probabilities.py).
+decides logits or probabilities (trainer/task/probabilities.py).
 
 Its train_step reports `loss` (the data loss + model.losses, as differentiated),
 `regularization_loss` (model.losses alone) and every metric as train_<name>; its
@@ -18,13 +18,13 @@ import tensorflow as tf
 
 import input_pipelines
 import models
-from trainer import compatibility
-from trainer import losses
-from trainer import metrics
-from trainer import plugins
-from trainer import probabilities
-from trainer.errors import UserError
+from trainer.task import compatibility
 from trainer.task import contract
+from trainer.task import losses
+from trainer.task import metrics
+from trainer.task import plugins
+from trainer.task import probabilities
+from trainer.errors import UserError
 
 
 def _outputs(model, features, training: bool):
@@ -86,7 +86,7 @@ class SupervisedTask(contract.Task):
             **{name: fn(labels, outputs) for name, fn in self._metrics.items()}}
 
   def export(self) -> contract.Export:
-    from trainer import export  # pylint: disable=g-import-not-at-top
+    from trainer.state import export  # pylint: disable=g-import-not-at-top
     output_name, transform = losses.served_output(self._loss_name,
                                                   probabilities=self.outputs_are_probabilities)
     return contract.Export(

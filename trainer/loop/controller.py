@@ -1,9 +1,9 @@
 """The training flow, top to bottom: `Trainer.train()`.
 
 Who owns what: the Trainer owns the model, the optimizer and the order of the
-periodic work; trainer/steps.py owns what runs compiled; input_pipelines owns
-the data order (a pure function of seed and position); trainer/checkpoints.py
-owns the disk format; trainer/preemption.py owns signals. Only the chief writes.
+periodic work; trainer/loop/steps.py owns what runs compiled; input_pipelines owns
+the data order (a pure function of seed and position); trainer/state/checkpoints.py
+owns the disk format; trainer/cluster/preemption.py owns signals. Only the chief writes.
 """
 import contextlib
 import dataclasses
@@ -19,23 +19,23 @@ import tensorflow as tf
 import input_pipelines
 from input_pipelines import batching
 from input_pipelines.sources import Source
-from trainer import checkpoints
-from trainer.agreement import Agreement
-from trainer import export
-from trainer import actions as actions_module
-from trainer import logs
-from trainer import outputs
-from trainer import periodic
-from trainer import preemption
-from trainer import preprocess
-from trainer import profiling
-from trainer import progress
-from trainer import runtime
-from trainer import steps
-from trainer import summaries
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 from trainer import task as tasks
+from trainer.cluster import preemption
+from trainer.cluster import runtime
+from trainer.cluster.agreement import Agreement
+from trainer.loop import actions as actions_module
+from trainer.loop import periodic
+from trainer.loop import profiling
+from trainer.loop import progress
+from trainer.loop import steps
+from trainer.loop import summaries
+from trainer.state import checkpoints
+from trainer.state import export
+from trainer.state import model_dir as layout
+from trainer.state import write_echoes
+from trainer.task import preprocess
 from trainer.task.state import TaskState
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -99,7 +99,7 @@ class Trainer:
           checkpoint if due by steps, or by the chief's clock (async)
       wait for saves; final eval; export; summary.json
       (a signal agreed right after the restore, or before the final eval or the
-       export, also exits 42: the step is on disk; see trainer/preemption.py)
+       export, also exits 42: the step is on disk; see trainer/cluster/preemption.py)
 
   Constructing a Trainer builds the model and optimizer under the strategy;
   it reads and writes nothing. `read_only` (eval, export) never writes checkpoints.
@@ -181,12 +181,12 @@ class Trainer:
     self._read_only = read_only
     writer = self.is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
-        outputs.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
+        layout.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
         keep_period=config.checkpoint.keep_period,
         async_save=config.checkpoint.async_save, writer=writer,
-        mismatch_advice=outputs.mismatch_advice(model_dir, training=not read_only))
+        mismatch_advice=layout.mismatch_advice(model_dir, training=not read_only))
     self._best_checkpoints = checkpoints.Checkpoints(
-        outputs.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
+        layout.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
         best_metric=config.checkpoint.best_metric, best_mode=config.checkpoint.best_mode,
         async_save=config.checkpoint.async_save,
         writer=writer) if config.checkpoint.keep_best else None
@@ -230,7 +230,7 @@ class Trainer:
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
     if self.is_chief:
-      outputs.record_config(self.model_dir, config.to_dict(), position.step)
+      layout.record_config(self.model_dir, config.to_dict(), position.step)
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
@@ -308,7 +308,7 @@ class Trainer:
       summary["stopped_early_by"] = self._stopped_by
     schedule.at_phase("summary", self._boundary(position.step, train_metrics))
     if self.is_chief:
-      outputs.write_json(outputs.summary_path(self.model_dir), summary)
+      layout.write_json(layout.summary_path(self.model_dir), summary)
     self.summaries.close()
     return summary
 
@@ -556,7 +556,7 @@ class Trainer:
     model_variables = self.state.model_variables
     optimizer_variables = self.state.optimizer_variables
     problem = None
-    with logs.stderr_captured() as library_output:
+    with write_echoes.stderr_captured() as library_output:
       try:
         model_tree, optimizer_tree, meta = self.checkpoints.restore(
             step, checkpoints.variables_tree(model_variables),

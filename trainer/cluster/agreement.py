@@ -14,7 +14,7 @@ parameter-server coordinator (the only process that decides), needs no collectiv
 """
 import tensorflow as tf
 
-from trainer import runtime
+from trainer.cluster import runtime
 
 
 class Agreement:

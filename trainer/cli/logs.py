@@ -7,7 +7,7 @@ internal messages even at ERROR level), only with --verbosity=1 or more.
 A TF_CPP_MIN_LOG_LEVEL set by the user is respected.
 
 A checkpoint write that fails for lack of space or permission is reported by
-the trainer as one line (trainer/storage.py); orbax's own error records about
+the trainer as one line (trainer/state/storage.py); orbax's own error records about
 it (tracebacks from its background threads) and tensorstore's late asyncio
 callbacks ("Event loop is closed") are hidden unless --verbosity=1.
 """
@@ -20,12 +20,12 @@ import warnings
 from absl import logging
 
 from input_pipelines import native_output
-from input_pipelines.native_output import native_startup_silenced, stderr_captured  # noqa: F401
-from trainer import storage
+from input_pipelines.native_output import native_startup_silenced  # noqa: F401
+from trainer.state import storage
 
 _LIBRARY_PATHS = ("/orbax/", "/tensorflow/", "/keras/", "/jax/", "/etils/")
 # distloop's own files are never a library's, wherever the checkout lives (~/keras/distloop).
-_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 class _HideLibraryInfo(std_logging.Filter):

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from input_pipelines import batching
 from input_pipelines.sources import Source
-from trainer import plugins
+from trainer.task import plugins
 
 FIELD = "data.preprocess"
 

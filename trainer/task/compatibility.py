@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import models
 from input_pipelines.sources import ArraySource, IndexedSource, Source
-from trainer import plugins
+from trainer.task import plugins
 from trainer.errors import UserError
 
 # Optimizer settings worth naming even at their class's default (AdamW's weight_decay).

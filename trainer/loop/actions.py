@@ -23,7 +23,7 @@ only: `boundary.is_chief`).
 
 distloop's own periodic work -- the progress line and TensorBoard, eval, keep-best,
 the checkpoint by steps and by clock, the profile window -- is made of the same
-Actions (trainer/loop.py, `Trainer._builtin_actions`). User actions come from
+Actions (trainer/loop/controller.py, `Trainer._builtin_actions`). User actions come from
 `train.actions` (MODULE:FUNCTION entries, each `FUNCTION(config)` returning an
 Action or a list of them) or from `trainer.run(..., actions=[...])`.
 """
@@ -31,7 +31,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from trainer import periodic
+from trainer.loop import periodic
 from trainer.errors import UserError
 
 DECISIONS = ("stop", "save")
@@ -107,7 +107,7 @@ class Action:
 
 def resolve(specs: str, config) -> list[Action]:
   """train.actions: comma-separated MODULE:FUNCTION, each FUNCTION(config) -> Action(s)."""
-  from trainer import plugins  # pylint: disable=g-import-not-at-top
+  from trainer.task import plugins  # pylint: disable=g-import-not-at-top
   found = []
   for spec in [part.strip() for part in (specs or "").split(",") if part.strip()]:
     factory = plugins.resolve("train.actions", spec)

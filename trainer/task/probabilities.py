@@ -2,8 +2,8 @@
 
 Decided once, at start-up, from the model and its outputs on the probe
 examples, and threaded from here to what depends on it: the cross-entropies
-(trainer/losses.py), the accuracy thresholds (trainer/metrics.py) and the
-served output (trainer/export.py). Most Keras models (every keras.applications
+(trainer/task/losses.py), the accuracy thresholds (trainer/task/metrics.py) and the
+served output (trainer/state/export.py). Most Keras models (every keras.applications
 classifier, most tutorials) end in a softmax or sigmoid; the cross-entropies
 take logits by default, so such a head would have its activation applied twice:
 it still trains, exits 0, and serves "probabilities" that never reach 1.
@@ -23,7 +23,7 @@ they are.
 from absl import logging
 import numpy as np
 
-from trainer import losses
+from trainer.task import losses
 from trainer.errors import UserError
 
 CHOICES = ("auto", "true", "false")

@@ -1,7 +1,7 @@
 """`eval.metrics`: built-in names or MODULE:FUNCTION, each `metric(labels, outputs) -> per-example`.
 
 A metric returns one value per example; the trainer sums the values and the
-example count on every replica and divides once, at the end (trainer/steps.py
+example count on every replica and divides once, at the end (trainer/loop/steps.py
 `MetricSums`), so each is the exact mean over every example of the split, any
 replica count and the partial last batch included. Reported as
 `eval_<name>` (summary.json), `eval/<name>` (TensorBoard) and `<name>` (`--mode=eval`).
@@ -10,9 +10,9 @@ import functools
 
 import tensorflow as tf
 
-from trainer import losses
-from trainer import plugins
-from trainer import validation
+from trainer.task import losses
+from trainer.task import plugins
+from trainer.task import validation
 
 
 def accuracy(labels, outputs, *, threshold: float = 0.0):
@@ -34,10 +34,6 @@ def binary_accuracy(labels, outputs, *, threshold: float = 0.0):
 def top_k_accuracy(labels, outputs, *, k: int):
   return tf.cast(tf.math.in_top_k(tf.cast(tf.reshape(labels, [-1]), tf.int32), outputs, k),
                  tf.float32)
-
-
-NAMES = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
-         "mean_squared_error")
 
 
 def resolve(eval_config, loss_name: str, *, probabilities: bool = False) -> dict:

@@ -1,14 +1,14 @@
 """`train.loss`: a built-in name or MODULE:FUNCTION, as `loss(labels, outputs) -> per-example`.
 
 Every loss returns one value per example ([batch]); the trainer sums them and
-divides by the *global* batch size (trainer/steps.py), so the all-reduced
+divides by the *global* batch size (trainer/loop/steps.py), so the all-reduced
 gradient is that of the global-batch mean for any replica count. Built-ins are
 plain tf.nn functions, not Keras `Loss` objects: with the TF backend a Keras
 `Loss` already scales by 1/num_replicas in a replica context, which would count
 the reduction twice.
 
 The cross-entropies take logits, or probabilities when the model's outputs are
-(`train.from_logits`, decided by trainer/probabilities.py); either way they serve
+(`train.from_logits`, decided by trainer/task/probabilities.py); either way they serve
 `probabilities` (the softmax or sigmoid of logits, probabilities as they are).
 Every other loss serves the raw outputs as `predictions`. For probabilities the
 cross-entropies are Keras's plain ops (clipped to [eps, 1 - eps] as Keras does),
@@ -17,7 +17,7 @@ per example.
 import keras
 import tensorflow as tf
 
-from trainer import plugins
+from trainer.task import plugins
 
 
 def _aligned(labels, outputs):
@@ -67,7 +67,6 @@ BUILTINS = {
     "mean_squared_error": mean_squared_error,
     "mean_absolute_error": mean_absolute_error,
 }
-NAMES = tuple(BUILTINS)
 
 _OF_PROBABILITIES = {
     "sparse_categorical_crossentropy": sparse_categorical_crossentropy_of_probabilities,

@@ -10,15 +10,21 @@ threads and finalizers we do not call:
 - tensorstore, finishing a write, wakes the closed loop with
   `loop.call_soon_threadsafe` and reports the RuntimeError as unraisable.
 
-The failure itself reaches the CLI as one StorageError line (trainer/storage.py).
+The failure itself reaches the CLI as one StorageError line (trainer/state/storage.py).
 `quiet()` drops exactly these echoes; any other unraisable error or asyncio log
 record, including a never-retrieved error that is not a storage failure, still prints.
+
+A failed read echoes too: its pending tensorstore callbacks print asyncio tracebacks
+to fd 2 from other threads for a moment; the restore runs under `stderr_captured()`
+and discards what they print (trainer/loop/controller.py). The rest of the libraries'
+terminal chatter is trainer/cli/logs.py's.
 """
 import logging
 import sys
 import traceback
 
-from trainer import storage
+from input_pipelines.native_output import stderr_captured  # noqa: F401  (fd 2, held)
+from trainer.state import storage
 
 
 def quiet() -> None:

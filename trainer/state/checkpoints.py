@@ -29,8 +29,8 @@ import time  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
-from trainer import storage  # pylint: disable=wrong-import-position
-from trainer import write_echoes  # pylint: disable=wrong-import-position
+from trainer.state import storage  # pylint: disable=wrong-import-position
+from trainer.state import write_echoes  # pylint: disable=wrong-import-position
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
@@ -266,7 +266,7 @@ class Checkpoints:
 def remove_temporaries(directory: str) -> list[str]:
   """Removes the unfinished `<step>.orbax-checkpoint-tmp*` steps a killed save left.
 
-  Only the lock holder calls this (trainer/writer_lock.py): another live writer's
+  Only the lock holder calls this (trainer/state/writer_lock.py): another live writer's
   temporaries would be its saves in flight. Returns the names removed.
   """
   try:

@@ -23,7 +23,7 @@ import time
 
 from absl import logging
 
-from trainer import storage
+from trainer.state import storage
 from trainer.errors import UserError
 
 LOCK_NAME = ".lock"

@@ -17,7 +17,7 @@ import shutil
 import keras
 import tensorflow as tf
 
-from trainer import storage
+from trainer.state import storage
 
 
 class _Serving(tf.Module):

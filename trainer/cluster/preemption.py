@@ -182,7 +182,7 @@ class PreemptionWatcher:
   runtime if they were installed (see reinstall); it installs nothing itself."""
 
   def __init__(self, agreement):
-    self._agreement = agreement  # trainer.agreement.Agreement
+    self._agreement = agreement  # trainer.cluster.agreement.Agreement
 
   def __enter__(self) -> "PreemptionWatcher":
     reinstall()

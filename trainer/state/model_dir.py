@@ -1,15 +1,15 @@
 """The layout of model_dir, and atomic JSON files in it.
 
-  checkpoints/<step>/   orbax (trainer/checkpoints.py)
+  checkpoints/<step>/   orbax (trainer/state/checkpoints.py)
   checkpoints_best/<step>/   the best by eval accuracy (checkpoint.keep_best)
   checkpoints_corrupt/<step>.<time>/   unreadable steps, set aside
   tensorboard/{train,eval}/
-  export/<step>/        SavedModel (trainer/export.py)
+  export/<step>/        SavedModel (trainer/state/export.py)
   config.json           the resolved config of the last run started here
   config_history/<UTC time>_step<N>.json   every config a run started with, from step N
                         (a new entry only when it differs from the previous one)
   summary.json          written when a run finishes
-  .lock                 held by the writing trainer (trainer/writer_lock.py)
+  .lock                 held by the writing trainer (trainer/state/writer_lock.py)
 
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 
-from trainer import storage
+from trainer.state import storage
 from trainer.errors import StorageError, UserError
 
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",

@@ -2,7 +2,7 @@
 
 float16 gradients of a small loss underflow to zero. The replica step scales
 the loss up before backprop; after the one all-reduce the update unscales the
-summed gradients (trainer/optimizers.py), and a step whose gradients overflowed
+summed gradients (trainer/task/optimizers.py), and a step whose gradients overflowed
 is skipped. The scale halves after such a step and doubles after
 `growth_interval` finite steps in a row (the policy of Keras's
 LossScaleOptimizer, which cannot be used here: its `apply` would all-reduce a

@@ -1,8 +1,9 @@
 """`--config`: which file is loaded, and one line for each way a config file is wrong.
 
-Who owns what: trainer/__main__.py owns the flags; this module owns the value of
-`--config` (`choose`) and loading it (`Parser`, in place of ml_collections' own,
-whose failures are tracebacks or name a module `config_config`).
+Who owns what: trainer/cli/main.py owns the flags; this module owns the value of
+`--config` (`choose`) and its parser (`Parser`, in place of ml_collections' own,
+whose failures are tracebacks or name a module `config_config`); configs/files.py
+loads the file.
 
   --config=NAME             configs/NAME.py
   --config=PATH.py[:ARG]    that file (get_config(ARG) if ARG is given)
@@ -18,23 +19,16 @@ returns something other than a ConfigDict is a ConfigFileError: one line naming
 the file and what is wrong (exit 2), before anything is written.
 """
 import os
-import sys
-import traceback
-import types
 
 from absl import flags
-import ml_collections
 
 import configs
-from trainer.errors import Preempted
+from configs.files import RECORDED as _RECORDED
+from configs.files import ConfigFileError
+from configs.files import load
 
 READING_MODES = ("eval", "export", "continuous_eval")
-_RECORDED = configs.path_of("recorded")
 _DEFAULT = "synthetic"
-
-
-class ConfigFileError(Exception):
-  """The config file cannot be loaded: exit 2, one line."""
 
 
 def choose(argv: list[str]) -> tuple[list[str], str]:
@@ -113,76 +107,3 @@ class Parser(flags.ArgumentParser):
 
   def flag_type(self):
     return "config object"
-
-
-def load(spec: str) -> ml_collections.ConfigDict:
-  """get_config() of FILE (or get_config(ARG) for FILE:ARG)."""
-  file, has_argument, argument = spec.partition(":")
-  if file == _RECORDED:  # errors name the user's config.json, not configs/recorded.py
-    return _call_get_config(_module(file, f"--config={file}"), (argument,),
-                            f"--config={argument}", recorded=True)
-  shown = f"--config={file}"
-  return _call_get_config(_module(file, shown), (argument,) if has_argument else (), shown)
-
-
-def _module(file: str, shown: str) -> types.ModuleType:
-  if not os.path.exists(file):
-    raise ConfigFileError(f"{shown}: no such file")
-  if not os.path.isfile(file):
-    raise ConfigFileError(f"{shown} is not a file (give a config .py file)")
-  try:
-    with open(file) as f:
-      source = f.read()
-  except (OSError, UnicodeDecodeError) as e:
-    raise ConfigFileError(f"{shown} cannot be read ({getattr(e, 'strerror', None) or e})") \
-        from None
-  try:
-    code = compile(source, file, "exec")
-  except SyntaxError as e:
-    raise ConfigFileError(f"{shown}: syntax error at line {e.lineno}: {e.msg} (a config file "
-                          f"is Python defining get_config())") from None
-  name = "distloop_config_" + os.path.splitext(os.path.basename(file))[0]
-  module = types.ModuleType(name)
-  module.__file__ = os.path.abspath(file)
-  sys.modules[name] = module  # as an import would (a dataclass in it looks itself up)
-  try:
-    exec(code, module.__dict__)  # pylint: disable=exec-used
-  except Preempted:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (any error of the user's code)
-    raise ConfigFileError(f"{shown}: running it raised {_described_error(e, file)}") from None
-  return module
-
-
-def _call_get_config(module: types.ModuleType, arguments: tuple, shown: str,
-                     recorded: bool = False) -> ml_collections.ConfigDict:
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise ConfigFileError(f"{shown} defines no get_config() (a config file's get_config() "
-                          f"returns an ml_collections.ConfigDict: see configs/synthetic.py)")
-  try:
-    config = get_config(*arguments)
-  except Preempted:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (any error of the user's code)
-    if recorded:
-      raise ConfigFileError(f"{shown} {_first_line(e)}") from None
-    raise ConfigFileError(f"{shown}: get_config() raised "
-                          f"{_described_error(e, module.__file__)}") from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise ConfigFileError(f"{shown}: get_config() returned {type(config).__name__}, not an "
-                          f"ml_collections.ConfigDict")
-  return config
-
-
-def _described_error(error: Exception, file: str) -> str:
-  """'ValueError: boom (line 3)': the error, and the last line of `file` it passed."""
-  lines = [lineno for frame, lineno in traceback.walk_tb(error.__traceback__)
-           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(file)]
-  where = f" (line {lines[-1]})" if lines else ""
-  return f"{type(error).__name__}: {_first_line(error)}{where}"
-
-
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return (text.splitlines()[0] if text else type(error).__name__)[:300]

@@ -2,7 +2,7 @@
 
 Pure Python (no TensorFlow import), so a bad value fails in a fraction of a
 second with one line that names the field and the value. Checks that need the
-runtime (batch divisible by the replica count) live in trainer/runtime.py.
+runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py.
 """
 import math
 import os
@@ -11,21 +11,15 @@ import ml_collections
 
 import input_pipelines
 import models
-from trainer import plugins
+from trainer.task import plugins
+from trainer.task.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
 from trainer.errors import UserError
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adagrad")
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
 ALL_REDUCE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
 NONFINITE_POLICIES = ("stop", "rollback")
-LR_SCHEDULES = ("constant", "cosine", "step")
 PRECISIONS = ("float32", "bfloat16", "float16")
-# Built-in names of trainer/losses.py and trainer/metrics.py (kept here: no TensorFlow import).
-LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mean_squared_error",
-          "mean_absolute_error")
-METRICS = ("accuracy", "top_k_accuracy", "binary_accuracy", "mean_absolute_error",
-           "mean_squared_error")
 BEST_MODES = ("max", "min")
 IF_UNREADABLE = ("stop", "start_over")
 
@@ -36,7 +30,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
                 "model.hidden_units", "model.num_outputs"):
     _positive(config, field)
-  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop.py)
+  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop/controller.py)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
   plugins.resolve("data.name", config.data.name, input_pipelines.BUILTINS)
@@ -108,7 +102,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def metric_specs(eval_config) -> list[str]:
-  """The entries of eval.metrics, in order (also trainer/metrics.py's list)."""
+  """The entries of eval.metrics, in order (also trainer/task/metrics.py's list)."""
   return [name.strip() for name in str(eval_config.metrics).split(",") if name.strip()]
 
 

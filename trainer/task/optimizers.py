@@ -5,7 +5,7 @@ Why not `optimizer.apply(grads)`: Keras 3's TensorFlow optimizer all-reduces
 (keras/src/backend/tensorflow/optimizer.py, `_all_reduce_sum_gradients`), and
 from a cross-replica context its `apply` cannot run at all. The trainer owns
 the reduction (one explicit all-reduce with CommunicationOptions, in
-trainer/steps.py), so it applies the already-reduced gradients here with
+trainer/loop/steps.py), so it applies the already-reduced gradients here with
 Keras's public per-variable hook, `update_step`, under
 `strategy.extended.update` -- the very path Keras takes after its own reduction.
 Because the trainer builds every optimizer itself (below), nothing that `apply`

@@ -31,7 +31,7 @@ import os
 
 from absl import logging
 
-from trainer import outputs
+from trainer.state import model_dir as layout
 from trainer.errors import UserError
 
 _MUTABLE_SECTIONS = ("train", "eval", "checkpoint", "runtime")
@@ -74,7 +74,7 @@ def check(model_dir: str, config_dict: dict) -> None:
     what = _FIXED_FIELDS.get(field) or f"the {field.split('.', 1)[0]}"
     now = f"{field}={after!r}" if after is not _MISSING else f"this config has no {field}"
     keep = (f"keep {field}={before!r} (omitting --config resumes with {where})"
-            if where == outputs.config_path(model_dir) else f"keep {field}={before!r}")
+            if where == layout.config_path(model_dir) else f"keep {field}={before!r}")
     raise UserError(
         f"{now}, but {model_dir} was trained with {field}={before!r} ({where}): a resume "
         f"cannot change {what}; {keep}, or train in a new --model_dir "
@@ -83,8 +83,8 @@ def check(model_dir: str, config_dict: dict) -> None:
 
 def _recorded(model_dir: str) -> tuple[dict | None, str]:
   """The config the model_dir was trained with, and the file it was read from."""
-  candidates = [outputs.config_path(model_dir)]
-  candidates += [os.path.join(outputs.checkpoint_dir(model_dir), str(step), "meta", "metadata")
+  candidates = [layout.config_path(model_dir)]
+  candidates += [os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
                  for step in reversed(_steps(model_dir))]
   for path in candidates:
     try:
@@ -101,7 +101,7 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
 
 def _steps(model_dir: str) -> list[int]:
   try:
-    names = os.listdir(outputs.checkpoint_dir(model_dir))
+    names = os.listdir(layout.checkpoint_dir(model_dir))
   except OSError:
     return []
   return sorted(int(name) for name in names if name.isdigit())

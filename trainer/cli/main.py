@@ -1,0 +1,207 @@
+"""`python -m trainer --config=NAME --model_dir=DIR [--mode=MODE] [--config.FIELD=VALUE ...]`
+
+The command line over the Python API (trainer/api.py, where the order of the
+checks is): SIGTERM/SIGINT/SIGHUP are caught before anything else (by
+trainer/__main__.py, before it imports this module; a signal at any moment is a
+request to stop, trainer/cluster/preemption.py; during start-up it ends the run
+within seconds, a hung plug-in or config included); then the flags and the
+config (chosen and loaded by trainer/cli/config_file.py), then api.execute. Each
+error it raises becomes one line on stderr and the exit code of
+trainer/errors.py's table: 0 done, 1 failure, 2 bad input, 42 preempted.
+"""
+import json
+import os
+import re
+import sys
+import traceback
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+import configs
+import input_pipelines
+from trainer import api
+from trainer.cli import config_file
+from trainer.cli import logs
+from trainer.cluster import preemption
+from trainer.loop import continuous_eval
+from trainer.state import model_dir as layout
+from trainer.task import validation
+from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer.errors import exit_code
+
+MODES = api.MODES
+
+# No default here: trainer/cli/config_file.py chooses it (a model_dir's config.json, or
+# synthetic) and inserts it, so that a config always loads through its Parser.
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", default=None, lock_config=True,
+    help_string=f"a config name ({', '.join(configs.NAMES)}), a path to a config file, or a "
+                f"model_dir's config.json; default: model_dir's config.json if there is one, "
+                f"else synthetic")
+flags.FLAGS["config"].parser = config_file.Parser(lock_config=True)
+_config_used = ""  # which config this run uses, in words (set by _parse_flags)
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
+                                 required=True)
+_MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
+_CHECKPOINT_STEP = flags.DEFINE_integer(
+    "checkpoint_step", None, "--mode=eval: evaluate this checkpoint step instead of the latest",
+    lower_bound=0)
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
+  logs.quiet_libraries()
+  # Each failure is turned into (code, line) inside its except block and the process
+  # exits after it: a live traceback can hold a tf.data iterator whose reads run in
+  # tf.numpy_function, and one still alive when the interpreter finalizes can
+  # deadlock the exit (its thread waits for the GIL forever).
+  immediately = False
+  try:
+    return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
+  except Preempted as e:
+    _report_preempted(e)
+    code, line = EXIT_PREEMPTED, None
+  except Exception as e:  # pylint: disable=broad-except
+    error = api.translate(e) or e
+    code = exit_code(error)
+    line = None if code == EXIT_FAILURE and error is e and not _one_line(e) else str(error)
+    # tf.data threads may still be inside the source's __getitem__: leave at once.
+    immediately = isinstance(error, api.DataErrorInTfData)
+    if line is None:
+      traceback.print_exc()
+  if line is not None:
+    _fail(code, line, immediately=immediately)
+  sys.exit(code)
+
+
+def _one_line(error: Exception) -> bool:
+  """Errors whose message is the whole story (no traceback)."""
+  return isinstance(error, (UserError, input_pipelines.DataError, NonFiniteError,
+                            continuous_eval.Unfinished, StorageError))
+
+
+def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
+  if api.is_parameter_server_task(config):
+    with logs.native_startup_silenced():
+      validation.check_config(config)
+    preemption.end_start_up()  # a server polls the flag
+    return _serve()
+  result = api.execute(config, model_dir, mode, checkpoint_step)
+  if mode in ("train", "train_and_eval"):
+    if result.get("already_finished"):
+      print(f"Already finished at step {result['step']} in {model_dir}; nothing to do "
+            f"(summary: {layout.summary_path(model_dir)}).")
+    else:
+      _log_summary(result, model_dir)
+  elif mode == "eval":
+    print(json.dumps(result))
+  elif mode == "export":
+    print(result)
+  return EXIT_OK
+
+
+def _log_summary(summary: dict, model_dir: str) -> None:
+  """The final block: what a user reads first when the job ends."""
+  def values(split):
+    names = [key[len(split) + 1:] for key in summary
+             if key.startswith(split + "_") and isinstance(summary[key], (float, type(None)))
+             and not key.endswith("_sec")
+             and not (key.endswith("regularization_loss") and not summary[key])]  # none
+    def value(name):
+      number = summary[f"{split}_{name}"]
+      return float("nan") if number is None else number
+    return " | ".join(f"{name} {value(name):.4f}"
+                      for name in sorted(names, key=lambda n: n != "loss"))
+  logging.info(
+      "Done at step %d (%s, %d replica(s)):\n"
+      "  eval      %s | %d examples\n"
+      "  train     %s | %.0f examples/s (steady state)\n"
+      "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
+      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)\n"
+      "  config    %s",
+      summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
+      summary["eval_examples"], values("train"), summary["examples_per_sec"],
+      summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
+      summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
+
+
+def _serve() -> int:
+  """Runs this task's gRPC server until the launcher (or the cluster manager) stops it."""
+  with logs.native_startup_silenced():
+    from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
+    resolver = runtime.cluster_resolver(_CONFIG.value.runtime)
+  logging.info("Serving as %s %d of the parameter-server cluster", resolver.task_type,
+               resolver.task_id)
+  server = runtime.serve(resolver)
+  preemption.install()  # again, as after any runtime start
+  while not preemption.requested():  # the server runs in its own threads
+    preemption.sleep(1.0)
+  logging.warning("stopped serving (%s); the chief owns the state", server.target)
+  return EXIT_PREEMPTED
+
+
+def _load_config():
+  try:
+    config = _CONFIG.value
+    config.lock()  # touching the config surfaces a load failure here
+  except (IOError, AttributeError) as e:
+    raise UserError(f"cannot load --config: {str(e).splitlines()[0]}") from None
+  return config
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  global _config_used
+  try:
+    resolved, _config_used = config_file.choose(argv)
+    return flags.FLAGS(resolved)
+  except config_file.ConfigFileError as e:
+    _fail(EXIT_BAD_INPUT, e)
+  except flags.Error as e:
+    _fail(EXIT_BAD_INPUT, e)
+  except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
+    text = str(e).replace("\\", "")
+    key = re.search(r"'([^']+)'", text)
+    key = key.group(1) if key else text
+    overrides = [arg.split("=", 1)[0] for arg in argv if arg.lstrip("-").startswith("config.")]
+    named = [flag for flag in overrides if key in flag.split(".")[1:]]
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    _fail(EXIT_BAD_INPUT, f"unknown config field {named[0] if named else key}"
+                          + (f" (did you mean {hint.group(1)!r}?)" if hint else
+                             " (configs/common.py lists every field)"))
+
+
+def _fail(code: int, error, immediately: bool = False) -> None:
+  """One line on stderr, no traceback."""
+  message = " ".join(str(error).split())
+  print(f"distloop: error: {message}", file=sys.stderr)
+  if immediately:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
+
+
+def _report_preempted(stop: Preempted) -> None:
+  """The run's one line about the stop (a start-up watchdog then adds none). Before the
+  flags are parsed absl would add a line of its own: then it is printed plainly."""
+  if flags.FLAGS.is_parsed():
+    logging.warning("%s", stop)
+  else:
+    print(f"distloop: {stop}", file=sys.stderr, flush=True)
+  preemption.reported()
+
+
+def run() -> None:
+  preemption.install(start_up=True)  # before flags, TensorFlow or any write: no bare signal death
+  try:
+    preemption.start_up()  # a config's get_config or a plug-in may block: a signal ends it
+    app.run(main, flags_parser=_parse_flags)
+  except Preempted as e:  # before main(): while the flags (and so the config file) load
+    _report_preempted(e)
+    sys.exit(EXIT_PREEMPTED)
+

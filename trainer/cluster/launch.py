@@ -1,0 +1,330 @@
+"""`python -m trainer.launch --num_workers=N [--num_ps=M] [--max_restarts=K] -- <trainer flags>`
+
+Runs a multi-process job on this machine the way a cluster would: one process per
+task, each `python -m trainer <trainer flags>` with its own TF_CONFIG, on free
+127.0.0.1 ports, its output prefixed with the task's name (`[worker-1] ...`).
+
+- `--num_ps=0` (default): N workers under MultiWorkerMirroredStrategy; worker 0 is the chief.
+- `--num_ps=M`: ParameterServerStrategy: a chief (the coordinator, which trains), N workers
+  and M parameter servers. All run the same command; a trainer whose TF_CONFIG says
+  worker or ps serves until it is killed.
+
+Who owns what: the launcher owns processes (ports, TF_CONFIG, logs, signals,
+restarts); the trainer owns the state (checkpoints, resume, the preemption
+protocol). So a restart is only the same command again, and the trainer resumes
+from its latest checkpoint by itself. The launcher never imports TensorFlow.
+
+Exit codes are the job's: 0 done, 2 bad input (never retried), 42 preempted
+(SIGTERM/SIGINT/SIGHUP are forwarded to the trainers, which save and exit 42), 1 anything
+else, including failures beyond --max_restarts restarts. Once a signal was
+forwarded, trainers that end with 0, 42 or death by that very signal (one still
+starting up) make the job 42 unless all of them finished (0): the latest complete
+checkpoint is on disk and the same command resumes from it.
+"""
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED  # no TensorFlow
+
+_POLL_SEC = 0.1
+_GRACE_SEC = 5.0  # servers get SIGTERM, then SIGKILL after this
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
+
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "worker processes (required)",
+                                    lower_bound=1)
+_NUM_PS = flags.DEFINE_integer("num_ps", 0, "parameter servers; 0 = synchronous training "
+                               "(multi_worker_mirrored)", lower_bound=0)
+_MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 3, "restarts after failures before "
+                                     "giving up with exit 1", lower_bound=0)
+_TASK_MODULE = flags.DEFINE_string("task_module", "trainer", "internal: for tests")
+
+_output_lock = threading.Lock()
+
+
+def _emit(stream, line: str) -> None:
+  """Whole lines under one lock, so the output of N processes never interleaves mid-line."""
+  with _output_lock:
+    stream.write(line if line.endswith("\n") else line + "\n")
+    stream.flush()
+
+
+def _log(message: str) -> None:
+  _emit(sys.stderr, f"[launch] {message}")
+
+
+def _relay(pipe, stream, prefix: str) -> None:
+  with pipe:
+    for raw in iter(pipe.readline, b""):
+      _emit(stream, prefix + raw.decode(errors="replace"))
+
+
+def _describe(code: int) -> str:
+  name = _SIGNAL_NAMES.get(-code)
+  return f"exited with {code}" + (f" ({name})" if name else "")
+
+
+def _free_ports(count: int) -> list[int]:
+  """Holds all the sockets until every port is picked (no duplicates), then frees them."""
+  sockets = []
+  try:
+    for _ in range(count):
+      sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+      sockets[-1].bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def _die_with(launcher_pid: int):
+  """preexec_fn: the kernel SIGKILLs the child when the launcher dies, even by SIGKILL."""
+  def preexec():
+    if _LIBC is not None:
+      _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
+      os.kill(os.getpid(), signal.SIGKILL)
+  return preexec
+
+
+class GroupFailed(Exception):
+  """A failure that only a restart of every process fixes (the message says which task)."""
+
+
+@dataclasses.dataclass
+class Task:
+  """One process of the job; `process` is replaced when the task is restarted."""
+  type: str  # chief, worker or ps
+  index: int
+  address: str
+  process: subprocess.Popen | None = None
+
+  @property
+  def name(self) -> str:
+    return f"{self.type}-{self.index}"
+
+
+class Launcher:
+  """Starts the group, watches it every 0.1 s, forwards signals, restarts after failures.
+
+      while True:
+        start every task on fresh ports
+        watch: done -> return its exit code; failure -> stop all, restart (at most K times)
+  """
+
+  def __init__(self, module: str, trainer_flags: list[str], num_workers: int, num_ps: int,
+               max_restarts: int):
+    self.command = [sys.executable, "-m", module, *trainer_flags]
+    self.num_workers, self.num_ps, self.max_restarts = num_workers, num_ps, max_restarts
+    self.restarts = 0
+    self.tasks: list[Task] = []
+    self._cluster: dict[str, list[str]] = {}
+    self._relays: list[threading.Thread] = []
+    self._signals: list[int] = []  # received, not yet forwarded
+    self._stopping = False  # a signal was forwarded: let the job end, restart nothing
+    self._forwarded: set[int] = set()
+
+  def run(self) -> int:
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+      signal.signal(signum, lambda signum, frame: self._signals.append(signum))
+    try:
+      while True:
+        self._start_group()
+        try:
+          code = self._watch()
+        except GroupFailed as failure:
+          self._stop(signal.SIGKILL)  # survivors may hang in a collective on the dead peer
+          if not self._may_restart(str(failure)):
+            return EXIT_FAILURE
+          _log(f"{failure}; restarting the group (restart {self.restarts} of "
+               f"{self.max_restarts})")
+          continue
+        # Parameter servers serve until told to stop; workers left after an exit 2 may
+        # hang in a collective.
+        self._stop(signal.SIGTERM if self.num_ps else signal.SIGKILL)
+        _log(f"the job exited with {code}")
+        return code
+    finally:  # whatever happened, reap every child and print its last lines
+      self._stop(signal.SIGKILL)
+      for relay in self._relays:
+        relay.join(timeout=2)
+
+  def _start_group(self) -> None:
+    if self.num_ps:
+      counts = {"chief": 1, "worker": self.num_workers, "ps": self.num_ps}
+    else:
+      counts = {"worker": self.num_workers}
+    ports = iter(_free_ports(sum(counts.values())))  # new ports: the old ones may linger
+    self.tasks = [Task(kind, i, f"127.0.0.1:{next(ports)}")
+                  for kind, count in counts.items() for i in range(count)]
+    self._cluster = {kind: [t.address for t in self.tasks if t.type == kind] for kind in counts}
+    for task in self.tasks:
+      self._start(task)
+
+  def _start(self, task: Task) -> None:
+    """Same command, same TF_CONFIG each time: a restarted task rejoins on its old port."""
+    tf_config = {"cluster": self._cluster, "task": {"type": task.type, "index": task.index}}
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1"}
+    # A session of its own: Ctrl-C in a terminal reaches the launcher only, which decides
+    # who gets it (not the parameter servers, which would die under the coordinator).
+    task.process = subprocess.Popen(self.command, env=env, cwd=os.getcwd(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, preexec_fn=_die_with(os.getpid()))
+    _log(f"started {task.name} (pid {task.process.pid}) at {task.address}")
+    for pipe, stream in ((task.process.stdout, sys.stdout), (task.process.stderr, sys.stderr)):
+      relay = threading.Thread(target=_relay, args=(pipe, stream, f"[{task.name}] "), daemon=True)
+      relay.start()
+      self._relays.append(relay)
+
+  def _watch(self) -> int:
+    """Returns the job's exit code, or raises GroupFailed."""
+    while True:
+      self._forward_signals()
+      code = self._check_parameter_server() if self.num_ps else self._check_synchronous()
+      if code is not None:
+        return code
+      time.sleep(_POLL_SEC)
+
+  def _check_synchronous(self) -> int | None:
+    """MultiWorkerMirrored: the workers finish (0) or stop (42) together, or not at all."""
+    codes = [task.process.poll() for task in self.tasks]
+    for task, code in zip(self.tasks, codes):
+      if code == EXIT_BAD_INPUT:
+        return code  # bad input is the same on a retry
+      if code not in (None, EXIT_OK, EXIT_PREEMPTED) and not self._stopped_by_signal(code):
+        raise GroupFailed(f"{task.name} {_describe(code)}")
+    if None in codes:
+      return None
+    if self._stopping:  # asked to stop: anything short of all done is "run me again"
+      return EXIT_OK if set(codes) == {EXIT_OK} else EXIT_PREEMPTED
+    if len(set(codes)) > 1:
+      raise GroupFailed(f"the workers disagree: exit codes {codes}")
+    return codes[0]
+
+  def _stopped_by_signal(self, code: int) -> bool:
+    """Died of a signal we forwarded (before its handler was installed): preempted."""
+    return self._stopping and -code in self._forwarded
+
+  def _check_parameter_server(self) -> int | None:
+    """The chief decides; a lost worker is restarted alone, a lost ps restarts the group."""
+    chief, servers = self.tasks[0], self.tasks[1:]
+    code = chief.process.poll()
+    if code in (EXIT_OK, EXIT_BAD_INPUT, EXIT_PREEMPTED):
+      return code
+    if code is not None and self._stopped_by_signal(code):
+      return EXIT_PREEMPTED
+    if code is not None:
+      raise GroupFailed(f"{chief.name} {_describe(code)}")
+    if self._stopping:
+      return None  # the coordinator is saving; servers are its business until it exits
+    for task in servers:
+      code = task.process.poll()
+      if code == EXIT_BAD_INPUT:
+        return code
+      if code is None:
+        continue
+      failure = f"{task.name} died ({_describe(code)})"
+      if task.type == "ps":  # variables are lost: the chief must restore them
+        raise GroupFailed(failure)
+      if not self._may_restart(failure):
+        return EXIT_FAILURE
+      _log(f"{failure}; restarting it (restart {self.restarts} of {self.max_restarts})")
+      self._start(task)  # the coordinator reschedules its work and reconnects
+    return None
+
+  def _may_restart(self, failure: str) -> bool:
+    """One budget for group and single-task restarts; none once the job was asked to stop."""
+    if self._stopping or self._signals:
+      _log(f"{failure}; not restarting: the job was asked to stop")
+      return False
+    if self.restarts >= self.max_restarts:
+      _log(f"{failure}; giving up after {self.restarts} restarts "
+           f"(--max_restarts={self.max_restarts})")
+      return False
+    self.restarts += 1
+    return True
+
+  def _forward_signals(self) -> None:
+    """To the trainers only: workers, or the chief alone (servers would just die)."""
+    trainers = self.tasks[:1] if self.num_ps else self.tasks
+    while self._signals:
+      signum = self._signals.pop(0)
+      self._stopping = True
+      self._forwarded.add(signum)
+      _log(f"{signal.Signals(signum).name}: forwarding it to "
+           f"{', '.join(t.name for t in trainers)}; no restarts from now on")
+      for task in trainers:
+        task.process.send_signal(signum)  # a no-op for a process already reaped
+
+  def _stop(self, signum: int) -> None:
+    """Signals what still runs, SIGKILLs what outlives the grace period, reaps everything."""
+    alive = [t.process for t in self.tasks if t.process and t.process.poll() is None]
+    for process in alive:
+      process.send_signal(signum)
+    deadline = time.monotonic() + (_GRACE_SEC if signum != signal.SIGKILL else 0)
+    for process in alive:
+      try:
+        process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _strategy_flags(trainer_flags: list[str], num_ps: int) -> list[str]:
+  """Appends the strategy the cluster implies; refuses flags that ask for another one."""
+  wanted = "parameter_server" if num_ps else "multi_worker_mirrored"
+  for i, arg in enumerate(trainer_flags):
+    name, equals, value = arg.partition("=")
+    if name.lstrip("-") != "config.runtime.strategy":
+      continue
+    if not equals:
+      value = trainer_flags[i + 1] if i + 1 < len(trainer_flags) else ""
+    if value != wanted:
+      _fail(f"--num_ps={num_ps} runs {wanted}; the flags ask for {value or 'nothing'}")
+    return list(trainer_flags)
+  return [*trainer_flags, f"--config.runtime.strategy={wanted}"]
+
+
+def main(argv: list[str]) -> int:
+  trainer_flags = _strategy_flags(argv[1:], _NUM_PS.value)
+  launcher = Launcher(_TASK_MODULE.value, trainer_flags, _NUM_WORKERS.value, _NUM_PS.value,
+                      _MAX_RESTARTS.value)
+  return launcher.run()
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """Launcher flags before `--`, the trainer's after it (passed through verbatim)."""
+  split = argv.index("--") if "--" in argv else len(argv)
+  try:
+    rest = flags.FLAGS(argv[:split])
+  except flags.Error as e:
+    _fail(e)
+  if len(rest) > 1:
+    _fail(f"unexpected arguments: {' '.join(rest[1:])} (the trainer's flags go after --)")
+  if _NUM_WORKERS.value is None:
+    _fail("--num_workers is required")
+  return [argv[0], *argv[split + 1:]]
+
+
+def _fail(error) -> None:
+  """One line on stderr, no traceback, exit 2."""
+  message = " ".join(str(error).split())
+  print(f"distloop.launch: error: {message}", file=sys.stderr)
+  sys.exit(EXIT_BAD_INPUT)
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+

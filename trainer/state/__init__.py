@@ -1,0 +1,7 @@
+"""What survives a process: checkpoints (save, restore, temporaries), every path
+of the model_dir layout (model_dir.py), the SavedModel export, the one-writer
+lock, what a resumed run may change, and the storage errors and orbax noise that
+come with writing them.
+
+Only the chief writes; every worker reads.
+"""
