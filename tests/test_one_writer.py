@@ -12,6 +12,7 @@ import pytest
 
 from tests.cli import run_trainer, train_ok
 from tests.processes import TrainerProcess, checkpoint_arrays
+from trainer.state import model_dir as layout
 from trainer.state import writer_lock
 from trainer.errors import UserError
 
@@ -73,7 +74,7 @@ def test_two_trainers_started_at_once_one_refused_the_other_finishes(tmp_path):
   assert steps == [120, 140, 160]  # nothing but the winner's steps, nothing unfinished
   for step in steps:  # every checkpoint readable by plain orbax
     assert checkpoint_arrays(tmp_path, step)["model/mnist_cnn/conv/kernel"].shape == (3, 3, 1, 32)
-  assert not (tmp_path / writer_lock.LOCK_NAME).exists()
+  assert not (tmp_path / layout.LOCK_NAME).exists()
 
 
 def test_a_held_lock_refuses_writers_not_readers_and_keeps_their_temporaries(trained, tmp_path):
@@ -114,7 +115,7 @@ def test_sigkill_leaves_no_stale_lock(tmp_path):
     assert process.wait() == -signal.SIGKILL
   finally:
     process.kill()
-  assert (tmp_path / writer_lock.LOCK_NAME).exists()  # the file stays; the lock does not
+  assert (tmp_path / layout.LOCK_NAME).exists()  # the file stays; the lock does not
   resumed = run_trainer(tmp_path, *flags)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "in use by another trainer" not in resumed.stderr
@@ -134,11 +135,11 @@ def test_refused_run_leaves_no_model_dir_behind(trained, tmp_path):
 def test_lock_unit(tmp_path):
   model_dir = tmp_path / "new"
   lock = writer_lock.WriterLock.acquire(str(model_dir))
-  assert lock.created_model_dir and (model_dir / writer_lock.LOCK_NAME).exists()
+  assert lock.created_model_dir and (model_dir / layout.LOCK_NAME).exists()
   with pytest.raises(UserError, match=rf"in use by another trainer \(host .*, pid {os.getpid()}"):
     writer_lock.WriterLock.acquire(str(model_dir))  # flock: per open file, even in one process
   lock.release()
-  assert model_dir.is_dir() and not (model_dir / writer_lock.LOCK_NAME).exists()
+  assert model_dir.is_dir() and not (model_dir / layout.LOCK_NAME).exists()
   again = writer_lock.WriterLock.acquire(str(model_dir))
   assert not again.created_model_dir
   again.release(refused=True)

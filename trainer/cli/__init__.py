@@ -1,4 +1,4 @@
-"""The command line: flags, modes, choosing and loading --config, terminal output,
+"""The command line: flags, modes, which file --config means, terminal output,
 and each error mapped to the exit code of trainer/errors.py's table.
 
 Apart from the Python API (trainer/api.py) so that a notebook or a worker of a

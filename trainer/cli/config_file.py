@@ -26,6 +26,7 @@ import configs
 from configs.files import RECORDED as _RECORDED
 from configs.files import ConfigFileError
 from configs.files import load
+from trainer.state import model_dir as layout
 
 READING_MODES = ("eval", "export", "continuous_eval")
 _DEFAULT = "synthetic"
@@ -45,7 +46,7 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
     return resolved, _described(spec)
   model_dir = _flag_value(resolved, "model_dir")[1]
   mode = _flag_value(resolved, "mode")[1] or "train"
-  recorded = os.path.join(model_dir, "config.json") if model_dir else None
+  recorded = layout.config_path(model_dir) if model_dir else None
   if recorded and os.path.isfile(recorded):
     spec = f"{_RECORDED}:{recorded}"
   elif mode in READING_MODES and recorded:  # no --model_dir at all: absl says so

@@ -662,7 +662,7 @@ class Trainer:
     served = self.task.export()
     if served is None:
       return None
-    destination = export.export_dir(self.model_dir, step)
+    destination = layout.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
     if served.input_spec is None:

@@ -12,13 +12,15 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
+from trainer.state import model_dir as layout
+
 _SAMPLE_IMAGES = 8
 
 
 class Summaries:
 
   def __init__(self, model_dir: str, *, enabled: bool):
-    self.root = os.path.join(model_dir, "tensorboard")
+    self.root = layout.tensorboard_dir(model_dir)
     self._enabled = enabled
     self._writers = {}
     self._scalar_writers = {}  # (split, tags) -> compiled writer

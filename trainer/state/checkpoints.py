@@ -29,6 +29,7 @@ import time  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
+from trainer.state import model_dir as layout  # pylint: disable=wrong-import-position
 from trainer.state import storage  # pylint: disable=wrong-import-position
 from trainer.state import write_echoes  # pylint: disable=wrong-import-position
 from trainer.errors import UserError  # pylint: disable=wrong-import-position
@@ -219,7 +220,7 @@ class Checkpoints:
     so orbax goes on from the previous one. Returns the new place (chief only)."""
     if not self._writer:
       return None
-    destination = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt",
+    destination = os.path.join(layout.corrupt_checkpoint_dir(os.path.dirname(self.directory)),
                                f"{step}.{time.strftime('%Y%m%dT%H%M%S')}")
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     self._settled()
@@ -304,8 +305,8 @@ def read_model_weights(path: str, model_target: dict, *, partial: bool = False
   others listed as skipped (a new head); UserError if none matches.
   """
   path = os.path.abspath(path)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    path = os.path.join(path, "checkpoints")
+  if os.path.isdir(layout.checkpoint_dir(path)):  # a model_dir
+    path = layout.checkpoint_dir(path)
   step = None
   if os.path.isdir(os.path.join(path, "model")):  # one step directory
     path, step = os.path.split(path)

@@ -33,10 +33,6 @@ class _Serving(tf.Module):
     return {self._output_name: self._transform(outputs)}
 
 
-def export_dir(model_dir: str, step: int) -> str:
-  return os.path.join(model_dir, "export", str(step))
-
-
 def serving_spec(features_spec, feature_name: str):
   """The signature's input spec: named TensorSpecs with batch dimension None."""
   def named(spec, name):

@@ -24,9 +24,10 @@ import time
 from trainer.state import storage
 from trainer.errors import StorageError, UserError
 
+LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
-_FILES = ("config.json", "summary.json", ".lock")
+_FILES = ("config.json", "summary.json", LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
 
@@ -93,6 +94,22 @@ def checkpoint_dir(model_dir: str) -> str:
 
 def best_checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints_best")
+
+
+def corrupt_checkpoint_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "checkpoints_corrupt")
+
+
+def export_dir(model_dir: str, step: int) -> str:
+  return os.path.join(model_dir, "export", str(step))
+
+
+def tensorboard_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "tensorboard")
+
+
+def lock_path(model_dir: str) -> str:
+  return os.path.join(model_dir, LOCK_NAME)
 
 
 def summary_path(model_dir: str) -> str:
@@ -196,5 +213,5 @@ def finished_step(model_dir: str, total_steps: int, config_dict: dict) -> int | 
   if any(previous.get(section) != config_dict[section] for section in ("model", "data")):
     return None
   done = (os.path.isdir(os.path.join(checkpoint_dir(model_dir), str(step))) and
-          os.path.isdir(os.path.join(model_dir, "export", str(step))))
+          os.path.isdir(export_dir(model_dir, step)))
   return step if done else None

@@ -23,10 +23,10 @@ import time
 
 from absl import logging
 
+from trainer.state import model_dir as layout
 from trainer.state import storage
 from trainer.errors import UserError
 
-LOCK_NAME = ".lock"
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
@@ -44,7 +44,7 @@ class WriterLock:
     """Locks model_dir (creating it if needed); UserError naming the holder if it is held."""
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
     created = not os.path.isdir(model_dir)
-    path = os.path.join(model_dir, LOCK_NAME)
+    path = layout.lock_path(model_dir)
     try:
       os.makedirs(model_dir, exist_ok=True)
       while True:
