@@ -46,7 +46,8 @@ def _mlp(name: str, outputs: int, inputs: int) -> keras.Model:
 
 
 def _cross_entropy(labels, logits):
-  """Per example: sigmoid cross-entropy of one logit."""
+  """Per example: sigmoid cross-entropy of one logit (float32 under mixed precision too)."""
+  logits = tf.cast(logits, tf.float32)
   return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.fill(tf.shape(logits), labels),
                                                  logits=logits)[:, 0]
 

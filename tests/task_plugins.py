@@ -94,3 +94,10 @@ def auto_named_model(model_config, input_spec):
   return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
                            keras.layers.Dense(16, activation="relu"),
                            keras.layers.Dense(model_config.num_classes)])
+
+
+class FailsInStep(_Base):
+
+  def train_step(self, batch, step):
+    features, _ = batch
+    return {"loss": features + "not a number"}  # a user's bug, reported at its line

@@ -2,6 +2,7 @@
 whose "save"/"stop" decisions are agreed by every worker; bad ones refused in one line."""
 import json
 import os
+import re
 
 import pytest
 
@@ -78,3 +79,53 @@ def test_an_action_deciding_nonsense_stops_the_run_with_one_error_line(tmp_path)
       "distloop: error: action 'returns_a_number' returned 3; an action returns None, 'stop' "
       "or 'save'")
   assert "Traceback" not in result.stderr
+
+
+_MULTI = ["--config=synthetic", "--config.train.steps=60", "--config.train.global_batch_size=48",
+          "--config.train.steps_per_loop=5", "--config.checkpoint.interval=50",
+          "--config.data.num_train_examples=1000", "--config.data.num_eval_examples=500",
+          "--config.runtime.strategy=multi_worker_mirrored"]
+
+
+def _two_workers(model_dir, *flags):
+  from tests.processes import TrainerProcess, loopback_only  # pylint: disable=g-import-not-at-top
+  config = [f for f in flags if f.startswith("--config=")] or ["--config=synthetic"]
+  rest = [f for f in flags if not f.startswith("--config=")]
+  job = TrainerProcess(None, "--num_workers=2", "--", f"--model_dir={model_dir}", *config,
+                       *_MULTI[1:], *rest,
+                       module="trainer.launch", prefix=loopback_only())
+  try:
+    assert job.wait(timeout=240) == 0, job.output[-3000:]
+  finally:
+    job.kill()
+  return job.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decider", ["stop_on_worker_1_at_40", "early_stop"])
+def test_two_workers_stop_together_where_one_decides(tmp_path, decider):
+  """Only worker 1 decides (or both, from the same eval): the decision is agreed, every
+  worker stops at step 40, exit 0, with the final checkpoint, eval and export."""
+  from tests.processes import loopback_unavailable  # pylint: disable=g-import-not-at-top
+  if loopback_unavailable():
+    pytest.skip(loopback_unavailable())
+  if decider == "early_stop":
+    config = tmp_path / "config.py"
+    config.write_text(
+        "from configs import synthetic\n"
+        "def get_config():\n"
+        "  config = synthetic.get_config()\n"
+        "  config.unlock()\n"
+        "  config.early_stop = dict(patience=1, min_delta=10.0)\n"
+        "  return config\n")
+    flags = [f"--config={config}", f"--config.train.actions={_EXAMPLE}:early_stop",
+             "--config.eval.interval=20", "--mode=train_and_eval"]
+  else:
+    flags = [f"--config.train.actions={_PLUGINS}:{decider}"]
+  output = _two_workers(tmp_path / "run", *flags)
+  for worker in ("worker-0", "worker-1"):
+    assert re.search(rf"\[{worker}\].*decided to stop at step 40", output), output[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert summary["step"] == 40 and summary["num_replicas"] == 2
+  assert "40" in os.listdir(tmp_path / "run" / "checkpoints")
+  assert os.path.isdir(tmp_path / "run" / "export" / "40")

@@ -101,6 +101,19 @@ def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
   assert np.abs(samples[:, 1]).mean() < 0.6  # y stays near 0, as in the data
 
 
+def test_gan_under_float16_scales_each_optimizer_apart(tmp_path):
+  """One dynamic loss scale per optimizer, checkpointed: an overflow in one update skips
+  that update alone."""
+  gan = _outside(tmp_path, _GAN)
+  train_ok(tmp_path / "run", *_gan_flags(gan, 1, "--config.runtime.mixed_precision=float16",
+                                         "--config.train.steps=20",
+                                         "--config.train.steps_per_loop=10",
+                                         "--config.runtime.deterministic=false"))
+  keys = checkpoint_arrays(tmp_path / "run", 20)
+  scales = sorted(key for key in keys if key.endswith("/scale"))
+  assert scales == ["optimizer/loss_scale/adam/scale", "optimizer/loss_scale/adam_1/scale"]
+
+
 def test_distillation_keeps_the_teacher_bit_identical_and_the_student_learns(tmp_path):
   distill = _outside(tmp_path, _DISTILL)
   teacher = tmp_path / "teacher"
@@ -128,6 +141,7 @@ def test_distillation_keeps_the_teacher_bit_identical_and_the_student_learns(tmp
     ("RaisingBuild", ["RaisingBuild.build raised RuntimeError: no weights here",
                       "task_plugins.py:"]),
     ("NoGradient", ["no gradient for", "leave it out"]),
+    ("FailsInStep", ["FailsInStep's step failed while tracing:", "(task_plugins.py:"]),
 ])
 def test_a_task_breaking_the_contract_is_refused_in_one_line(tmp_path, task, fragments):
   result = run_trainer(tmp_path / "run", "--config=synthetic", f"--config.train.task={_BAD}:{task}",

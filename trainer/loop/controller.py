@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import time
 from typing import Callable
 
@@ -733,6 +734,10 @@ def _traced(discover, task):
                     ) from None
 
 
+_NOT_USER_CODE = ("/tensorflow/", "/keras/", "/trainer/", "/autograph/", "/site-packages/",
+                  "__autograph_generated")
+
+
 def _in_user_code(error: Exception) -> str:
   """`Type: first line (file:line)`, at the innermost frame outside TensorFlow, Keras
   and distloop's trainer/: where the user's code went wrong."""
@@ -740,12 +745,15 @@ def _in_user_code(error: Exception) -> str:
   where = ""
   for frame in traceback.extract_tb(error.__traceback__):
     path = frame.filename
-    if not any(part in path for part in ("/tensorflow/", "/keras/", "/trainer/", "/autograph/",
-                                         "/site-packages/", "__autograph_generated")):
+    if not any(part in path for part in _NOT_USER_CODE):
       where = f" ({os.path.basename(path)}:{frame.lineno})"
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-  if lines and lines[0] == "in user code:":  # autograph: the frames, then the error
-    lines = lines[-1:]
+  if lines and lines[0] == "in user code:":  # autograph: the frames as text, then the error
+    frames = [match for match in (re.search(r'File "(.+?)", line (\d+)', line) for line in lines)
+              if match and not any(part in match.group(1) for part in _NOT_USER_CODE)]
+    if frames:
+      where = f" ({os.path.basename(frames[-1].group(1))}:{frames[-1].group(2)})"
+    lines = [lines[-1].removeprefix(f"{type(error).__name__}: ")]
   return f"{type(error).__name__}: {lines[0][:300] if lines else ''}{where}"
 
 

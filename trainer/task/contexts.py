@@ -69,6 +69,7 @@ class StepContext:
     global_batch_size (+ regularization / num_replicas, a per-step term such as
     sum(model.losses)). Differentiate it: the SUM over replicas of its gradients is
     the gradient of the global mean, for any replica count."""
+    per_example_loss = tf.cast(per_example_loss, tf.float32)  # mixed precision: sum in 32 bits
     loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=self.global_batch_size)
     if regularization is not None:
       loss += tf.nn.scale_regularization_loss(tf.cast(regularization, loss.dtype))
