@@ -69,13 +69,14 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,
-            task=None, actions=()):
+            task=None, actions=(), config_source: str = "the config given"):
   """The run, checks first: bad input costs a second and leaves model_dir untouched.
 
   Flags aside (the CLI's), the order is: the config's fields and plug-ins, the
   model_dir's shape, a resume's changes (before TensorFlow starts), the data,
   the runtime and strategy, the batch sizes against the splits and the memory
   available, then (training) the writer lock on model_dir, then the Trainer.
+  `config_source` says in words where the config came from (the logs of eval modes).
   """
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
@@ -116,11 +117,12 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
 
   with (_writer(model_dir) if training and runtime.is_chief(strategy)
         else contextlib.nullcontext()):
-    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions)
+    return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions,
+                     config_source)
 
 
 def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
-              splits, task, actions):
+              splits, task, actions, config_source: str):
   from trainer.loop import controller  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
   trainer = controller.Trainer(config, model_dir, strategy, splits, task=task, actions=actions,
@@ -129,7 +131,9 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
   try:
     if training:
       return trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
+    # Which config a mode used: logged once past the refusals that are one line alone.
     if mode == "continuous_eval":
+      logging.info("continuous_eval with %s", config_source)
       return continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
@@ -140,7 +144,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       raise UserError(f"no checkpoint in {layout.checkpoint_dir(model_dir)}; train first")
     if preemption.requested():  # eval and export are single-process: decide locally
       raise Preempted(position.step)
-    logging.info("%s of step %d", mode, position.step)
+    logging.info("%s of step %d with %s", mode, position.step, config_source)
     if mode == "eval":
       return {"step": position.step, **trainer.evaluate(position.step)}
     return trainer.export(position.step)
