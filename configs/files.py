@@ -21,6 +21,21 @@ class ConfigFileError(Exception):
   """The config file cannot be loaded: exit 2, one line."""
 
 
+def resolve(value: str) -> str:
+  """A --config value as the file spec to load: NAME -> configs/NAME.py, X.json ->
+  configs/recorded.py:X.json; a path to a .py file (with its :ARG) as it is."""
+  file = value.split(":", 1)[0]
+  if file.endswith(".json"):
+    return f"{RECORDED}:{value}"
+  if file.endswith(".py") or os.sep in file:
+    return value
+  if value not in configs.NAMES:
+    raise ConfigFileError(
+        f"unknown config {value!r} (choose from: {', '.join(configs.NAMES)}, or give a path "
+        f"to a config .py file, or a model_dir's config.json)")
+  return configs.path_of(value)
+
+
 def load(spec: str) -> ml_collections.ConfigDict:
   """get_config() of FILE (or get_config(ARG) for FILE:ARG)."""
   file, has_argument, argument = spec.partition(":")

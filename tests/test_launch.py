@@ -22,7 +22,7 @@ _READY = r"\[(\S+)\] task \S+ \d+ of cluster (.*) ready"
 
 
 def _args(state_dir, *launcher_flags, task_flags=()):
-  return ["--task_module=tests.fake_task", *launcher_flags, "--", f"--state_dir={state_dir}",
+  return ["--trainer_module=tests.fake_task", *launcher_flags, "--", f"--state_dir={state_dir}",
           *task_flags]
 
 

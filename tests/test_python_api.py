@@ -22,6 +22,7 @@ config.train.steps = 40  # the same model_dir again, in the same process: it res
 results["resumed"] = trainer.run(config, model_dir)["step"]
 results["again"] = trainer.run(config, model_dir).get("already_finished")
 results["eval"] = trainer.run(config, model_dir, mode="eval")["examples"]
+results["by_name"] = trainer.run("synthetic", model_dir, mode="eval")["step"]  # a name works
 results["export"] = trainer.run(config, model_dir, mode="export")
 
 other = configs.get("synthetic")  # a second, different model in the same process
@@ -62,6 +63,7 @@ def test_one_process_trains_resumes_and_trains_another_config(tmp_path):
   assert "Restored checkpoint at step 20" in completed.stderr  # resumed, not restarted
   assert results["again"] is True
   assert results["eval"] == 2000
+  assert results["by_name"] == 40
   assert results["export"].endswith("export/40")
   assert results["other"] == 10
   assert results["auto_resumed"] == 20

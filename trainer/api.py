@@ -157,7 +157,7 @@ def _as_config(config):
   if isinstance(config, str):
     from configs import files  # pylint: disable=g-import-not-at-top
     try:
-      return files.load(config)
+      return files.load(files.resolve(config))
     except files.ConfigFileError as e:
       raise UserError(str(e)) from None
   return config

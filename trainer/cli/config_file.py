@@ -24,6 +24,7 @@ from absl import flags
 
 import configs
 from configs.files import RECORDED as _RECORDED
+from configs.files import resolve
 from configs.files import ConfigFileError
 from configs.files import load
 from trainer.state import model_dir as layout
@@ -56,21 +57,6 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
   else:
     spec = configs.path_of(_DEFAULT)
   return [resolved[0], "--config=" + spec, *resolved[1:]], _described(spec)
-
-
-def resolve(value: str) -> str:
-  """A --config value as the file spec to load: NAME -> configs/NAME.py, X.json ->
-  configs/recorded.py:X.json; a path to a .py file (with its :ARG) as it is."""
-  file = value.split(":", 1)[0]
-  if file.endswith(".json"):
-    return f"{_RECORDED}:{value}"
-  if file.endswith(".py") or os.sep in file:
-    return value
-  if value not in configs.NAMES:
-    raise ConfigFileError(
-        f"unknown config {value!r} (choose from: {', '.join(configs.NAMES)}, or give a path "
-        f"to a config .py file, or a model_dir's config.json)")
-  return configs.path_of(value)
 
 
 def _described(spec: str) -> str:

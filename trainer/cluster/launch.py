@@ -49,7 +49,10 @@ _NUM_PS = flags.DEFINE_integer("num_ps", 0, "parameter servers; 0 = synchronous 
                                "(multi_worker_mirrored)", lower_bound=0)
 _MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 3, "restarts after failures before "
                                      "giving up with exit 1", lower_bound=0)
-_TASK_MODULE = flags.DEFINE_string("task_module", "trainer", "internal: for tests")
+_TRAINER_MODULE = flags.DEFINE_string(
+    "trainer_module", "trainer", "the module every process runs as `python -m MODULE "
+    "<trainer flags>`: distloop's trainer, or your own entry point wrapping it (e.g. one that "
+    "sets up logging or credentials first)")
 
 _output_lock = threading.Lock()
 
@@ -299,7 +302,7 @@ def _strategy_flags(trainer_flags: list[str], num_ps: int) -> list[str]:
 
 def main(argv: list[str]) -> int:
   trainer_flags = _strategy_flags(argv[1:], _NUM_PS.value)
-  launcher = Launcher(_TASK_MODULE.value, trainer_flags, _NUM_WORKERS.value, _NUM_PS.value,
+  launcher = Launcher(_TRAINER_MODULE.value, trainer_flags, _NUM_WORKERS.value, _NUM_PS.value,
                       _MAX_RESTARTS.value)
   return launcher.run()
 

@@ -1,9 +1,12 @@
 """The training flow, top to bottom: `Trainer.train()`.
 
-Who owns what: the Trainer owns the model, the optimizer and the order of the
-periodic work; trainer/loop/steps.py owns what runs compiled; input_pipelines owns
-the data order (a pure function of seed and position); trainer/state/checkpoints.py
-owns the disk format; trainer/cluster/preemption.py owns signals. Only the chief writes.
+Who owns what: the Trainer decides *when* (the loop, its boundaries and the
+Actions due there: trainer/loop/actions.py) and owns the state around the step
+(restore, rollback, save, export); the Task says *what* one step does
+(trainer/task/: the user's, or the built-in supervised one); trainer/loop/steps.py
+owns what runs compiled; input_pipelines owns the data order (a pure function of
+seed and position); trainer/state/ owns the disk; trainer/cluster/ owns signals
+and the decisions every worker shares. Only the chief writes.
 """
 import contextlib
 import dataclasses
@@ -25,7 +28,6 @@ from trainer.cluster import preemption
 from trainer.cluster import runtime
 from trainer.cluster.agreement import Agreement
 from trainer.loop import actions as actions_module
-from trainer.loop import periodic
 from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.loop import steps
