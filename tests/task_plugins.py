@@ -101,3 +101,26 @@ class FailsInStep(_Base):
   def train_step(self, batch, step):
     features, _ = batch
     return {"loss": features + "not a number"}  # a user's bug, reported at its line
+
+
+class WithEma(_Base):
+  """Extra state: an exponential moving average of the weights and a step counter, as
+  variables the step assigns (the same value on every replica: ONLY_FIRST_REPLICA)."""
+
+  def build(self, context):
+    super().build(context)
+    self.ema = [tf.Variable(v, trainable=False, name=f"ema_{i}",
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                for i, v in enumerate(self.model.trainable_variables)]
+    self.updates = tf.Variable(0, dtype=tf.int64, trainable=False,
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def train_step(self, batch, step):
+    with tf.GradientTape() as tape:
+      per_example = self._loss(batch)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
+    for average, weight in zip(self.ema, self.model.trainable_variables):
+      average.assign(0.9 * average + 0.1 * weight)
+    self.updates.assign_add(1)
+    return {"loss": per_example}

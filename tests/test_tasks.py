@@ -101,6 +101,22 @@ def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
   assert np.abs(samples[:, 1]).mean() < 0.6  # y stays near 0, as in the data
 
 
+def test_a_tasks_own_variables_are_checkpointed_and_resume_exactly(tmp_path):
+  """EMA weights and a counter the step assigns (2 replicas): 10 steps, then on to 20,
+  equal the uninterrupted 20 - restored, not restarted."""
+  flags = ["--config=synthetic", f"--config.train.task={_BAD}:WithEma",
+           "--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2",
+           "--config.runtime.deterministic=true", "--config.data.num_train_examples=256",
+           "--config.train.steps_per_loop=5", "--config.train.optimizer=sgd"]
+  train_ok(tmp_path / "straight", *flags, "--config.train.steps=20")
+  train_ok(tmp_path / "resumed", *flags, "--config.train.steps=10")
+  train_ok(tmp_path / "resumed", *flags, "--config.train.steps=20")
+  resumed = checkpoint_arrays(tmp_path / "resumed", 20)
+  assert int(resumed["model/state/updates"]) == 20
+  assert any(key.startswith("model/state/ema_0") for key in resumed), sorted(resumed)
+  assert_same_state(resumed, checkpoint_arrays(tmp_path / "straight", 20), atol=1e-6)
+
+
 def test_gan_under_float16_scales_each_optimizer_apart(tmp_path):
   """One dynamic loss scale per optimizer, checkpointed: an overflow in one update skips
   that update alone."""
