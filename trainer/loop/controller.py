@@ -143,6 +143,7 @@ class Trainer:
                       f"reported by the eval step (choose from: "
                       f"{', '.join(eval_names) or 'none: the task has no eval_step'})")
     self._read_only = read_only
+    # self.state: the task's variables; self.train_state: their checkpoints in model_dir.
     self.train_state = TrainState(config, model_dir,
                                   model_variables=self.state.model_variables,
                                   optimizer_variables=self.state.optimizer_variables,
