@@ -1,18 +1,22 @@
 """The training flow, top to bottom: `Trainer.train()`.
 
 Who owns what: the Trainer decides *when* (the loop, its boundaries and the
-Actions due there: trainer/loop/actions.py) and owns the state around the step
-(restore, rollback, save, export); the Task says *what* one step does
-(trainer/task/: the user's, or the built-in supervised one); trainer/loop/steps.py
-owns what runs compiled; input_pipelines owns the data order (a pure function of
-seed and position); trainer/state/ owns the disk; trainer/cluster/ owns signals
-and the decisions every worker shares. Only the chief writes.
+Actions due there: trainer/loop/actions.py), and the policies around the step:
+stop or roll back on non-finite values, save on a signal, what eval and export
+report; the Task says *what* one step does (trainer/task/: the user's, or the
+built-in supervised one); trainer/loop/steps.py owns what runs compiled;
+trainer/state/train_state.py owns how the state gets in and out (the agreed
+restore, set-aside, warm start, the guarded save), the rest of trainer/state/ the
+disk; input_pipelines owns the data order (a pure function of seed and position);
+trainer/cluster/ owns signals and the decisions every worker shares. Only the
+chief writes.
+
+Here: wiring (__init__), the flow (train), the boundary and its actions, eval,
+rollback, progress, the datasets, export.
 """
 import contextlib
-import dataclasses
 import math
 import os
-import re
 import time
 from typing import Callable
 
@@ -20,7 +24,6 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
-import input_pipelines
 from input_pipelines import batching
 from input_pipelines.sources import Source
 from trainer import task as tasks
@@ -32,58 +35,16 @@ from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.loop import steps
 from trainer.loop import summaries
-from trainer.state import checkpoints
 from trainer.state import export
 from trainer.state import model_dir as layout
-from trainer.state import write_echoes
+from trainer.state.train_state import Position, TrainState
 from trainer.task import preprocess
+from trainer.task import user_code
 from trainer.task.state import TaskState
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 
 
-_FAILED_READ_DRAIN_SECONDS = 1.0
 _PROBE_EXAMPLES = 8  # training examples the start-up checks and TensorBoard's samples use
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-  """Where training is: optimizer steps taken, and examples of the data stream used.
-
-  `examples` is `step * global_batch_size` unless a rollback skipped batches or
-  the batch size changed between runs; both are checkpointed, so a resumed run
-  sees exactly the batches an uninterrupted one would have.
-  """
-  step: int
-  examples: int
-
-  def advance(self, num_steps: int, batch_size: int) -> "Position":
-    return Position(self.step + num_steps, self.examples + num_steps * batch_size)
-
-
-@dataclasses.dataclass
-class _Throughput:
-  """Steady-state examples/s: the first loop of a process (it traces) is kept apart."""
-  first_examples: int = 0
-  first_seconds: float = 0.0
-  steady_examples: int = 0
-  steady_seconds: float = 0.0
-
-  def add(self, examples: int, seconds: float) -> None:
-    if self.first_seconds == 0.0:
-      self.first_examples, self.first_seconds = examples, seconds
-    else:
-      self.steady_examples += examples
-      self.steady_seconds += seconds
-
-  def per_second(self) -> float:
-    """Steady throughput; the first loop's only when it was the only one."""
-    if self.steady_seconds > 0:
-      return self.steady_examples / self.steady_seconds
-    return self.first_examples / self.first_seconds if self.first_seconds > 0 else 0.0
-
-  @property
-  def seconds(self) -> float:
-    return self.first_seconds + self.steady_seconds
 
 
 class Trainer:
@@ -132,7 +93,7 @@ class Trainer:
       context = tasks.BuildContext(config, self.features_spec, labels_spec, self._probe,
                                    strategy)
       context.sources = splits
-      _build(self.task, context)
+      user_code.build(self.task, context)
       self.state = TaskState(self.task, float16=config.runtime.mixed_precision == "float16")
     # On an accelerator uint8 images cross to it and are scaled there (unless a
     # per-example preprocess must see them decoded first); on a CPU the host is the
@@ -167,9 +128,9 @@ class Trainer:
 
     with strategy.scope():
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
-      train_names, norms = _traced(lambda: steps.discover(traced_train_step, train_spec,
+      train_names, norms = user_code.traced(lambda: steps.discover(traced_train_step, train_spec,
                                                           "train_step", replicas), self.task)
-      eval_names, _ = _traced(lambda: steps.discover(
+      eval_names, _ = user_code.traced(lambda: steps.discover(
           lambda batch: (self.task.eval_step(batch), {}),
           (self.features_spec, labels_spec), "eval_step", replicas), self.task)
     self._train_sums = steps.Sums(train_names, list(norms))
@@ -182,17 +143,13 @@ class Trainer:
                       f"reported by the eval step (choose from: "
                       f"{', '.join(eval_names) or 'none: the task has no eval_step'})")
     self._read_only = read_only
-    writer = self.is_chief and not read_only
-    self.checkpoints = checkpoints.Checkpoints(
-        layout.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
-        keep_period=config.checkpoint.keep_period,
-        async_save=config.checkpoint.async_save, writer=writer,
-        mismatch_advice=layout.mismatch_advice(model_dir, training=not read_only))
-    self._best_checkpoints = checkpoints.Checkpoints(
-        layout.best_checkpoint_dir(model_dir), max_to_keep=config.checkpoint.keep_best,
-        best_metric=config.checkpoint.best_metric, best_mode=config.checkpoint.best_mode,
-        async_save=config.checkpoint.async_save,
-        writer=writer) if config.checkpoint.keep_best else None
+    # self.state: the task's variables; self.train_state: their checkpoints in model_dir.
+    self.train_state = TrainState(config, model_dir,
+                                  model_variables=self.state.model_variables,
+                                  optimizer_variables=self.state.optimizer_variables,
+                                  agreement=self.agreement, is_chief=self.is_chief,
+                                  read_only=read_only)
+    self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
                                             trace=self.is_chief)
@@ -225,13 +182,14 @@ class Trainer:
     config = self.config
     total, batch_size = config.train.steps, config.train.global_batch_size
 
-    position = self.restore_latest() or self.warm_start()  # refuses another model: no write yet
+    # Refuses another model's checkpoints before anything is written.
+    position = self.train_state.restore_latest() or self.train_state.warm_start()
     watcher = preemption.PreemptionWatcher(self.agreement)
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
     self._schedule = schedule
     schedule.at_phase("restored", self._boundary(position.step, {}))
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
-      raise Preempted(position.step if self.checkpoints.latest_step() is not None else None)
+      raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
     self.summaries.describe_run(position.step, config.to_dict())
@@ -244,7 +202,7 @@ class Trainer:
                  _what_trains(config), config.data.name, self.strategy.num_replicas_in_sync,
                  config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
 
-    self._throughput = _Throughput()
+    self._throughput = progress.Throughput()
     train_metrics, self._eval_metrics = {}, None
     record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
@@ -283,7 +241,7 @@ class Trainer:
         stopped_early = self._at_boundary(schedule, position, train_metrics, int(clock_bits))
 
     progress.finish()
-    self.checkpoints.wait()  # the final step is on disk before anything reports it
+    self.train_state.wait()  # the final step is on disk before anything reports it
     if watcher.stop_agreed():
       raise Preempted(position.step)
     eval_metrics = self._eval_metrics
@@ -327,7 +285,7 @@ class Trainer:
         clock=self._clock)
     return [
         actions_module.Action(self._report_progress, every_boundary=True, name="progress"),
-        _ProfileWindow(self.profiler),
+        profiling.ProfileAction(self.profiler),
         actions_module.Action(self._evaluate_at_boundary, every_steps=eval_interval,
                               at_end=True, name="eval"),
         actions_module.Action(self._keep_if_best, after_eval=True, name="keep_best"),
@@ -422,9 +380,8 @@ class Trainer:
     """Starts an async checkpoint of `position` (once per step); refuses non-finite state.
     Training is blocked for the previous save still in flight, the host copy and the hand-off."""
     start = time.perf_counter()
-    if self.checkpoints.latest_step() == position.step:
+    if not self.train_state.save(position):
       return
-    self.checkpoints.save(position.step, *self._snapshot(position))
     blocked = time.perf_counter() - start
     if self._save_by_clock.timer is not None:  # checkpoint.interval_seconds counts from here
       self._save_by_clock.timer.restart()
@@ -438,39 +395,14 @@ class Trainer:
     If it cannot be written, the last complete checkpoint is where the next run resumes."""
     try:
       self.save(position)
-      self.checkpoints.wait()
+      self.train_state.wait()
     except StorageError as e:
       raise Preempted(position.step, unsaved=str(e),
-                      last_complete=self.checkpoints.latest_step()) from None
+                      last_complete=self.train_state.latest_step()) from None
     raise Preempted(position.step)
 
   def _keep_if_best(self, boundary) -> None:
-    position, eval_metrics = self._position, boundary.eval
-    if self._best_checkpoints is not None:
-      if position.step in self._best_checkpoints.all_steps():
-        # Evaluated again after a rollback (or a restart from an earlier step).
-        logging.info("step %d is in %s already: kept as it is", position.step,
-                     self._best_checkpoints.directory)
-        return
-      metric = self.config.checkpoint.best_metric
-      self._best_checkpoints.save(position.step, *self._snapshot(position),
-                                  metrics={metric: eval_metrics[metric]})
-
-  def _snapshot(self, position: Position) -> tuple[dict, dict, dict]:
-    """Host copies of the state to save: model tree, optimizer tree, meta.
-
-    The loop boundary has checked the state already (and rolled back if asked to);
-    this is the last guard: non-finite state never becomes a checkpoint.
-    """
-    model_tree = checkpoints.variables_tree(self.state.model_variables)
-    optimizer_tree = checkpoints.variables_tree(self.state.optimizer_variables)
-    bad = checkpoints.non_finite_keys(model_tree) + checkpoints.non_finite_keys(optimizer_tree)
-    if bad:
-      raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
-                           f"({self._last_checkpoint()})")
-    meta = {"step": position.step, "examples_consumed": position.examples,
-            "config": self.config.to_dict()}
-    return model_tree, optimizer_tree, meta
+    self.train_state.keep_best(self._position, boundary.eval)
 
   def _report_progress(self, boundary) -> None:
     """The progress line and TensorBoard's train scalars of the loop that just ended."""
@@ -499,144 +431,33 @@ class Trainer:
         start_example=start_example, preprocess=self._preprocess, salted=salted,
         input_context=input_context, stream=stream, decode_on_device=decode_on_device)
 
-  # -- state in and out ---------------------------------------------------------
+  # -- state in and out: trainer/state/train_state.py; the rollback policy ----------
 
   def restore_latest(self) -> Position | None:
-    """Loads the newest readable checkpoint into the model and optimizer.
-
-    Steps are tried newest first, and nothing is moved while looking: once one
-    loads, the unreadable newer ones (files deleted or truncated) are set aside in
-    checkpoints_corrupt/ with a warning. Checkpoints there but none readable:
-    refused (UserError, exit 2, every byte left in place) unless
-    checkpoint.if_unreadable=start_over (all set aside, None: step 0). A
-    permission or I/O error is the storage's fault, never corruption: StorageError
-    (exit 1), nothing moved. A step of another model is refused (exit 2).
-
-    With several workers the chief's list of steps decides (a worker's list may be
-    stale, or a step half-visible on shared storage): the chief names each step to
-    try, every worker reads it, and all of them go on to the one before it unless
-    every worker could. The same number of collectives runs on every worker.
-    """
-    self.checkpoints.wait()  # the chief's own pending save is a step to consider
-    self.checkpoints.reload()
-    unreadable = []  # (step, why), newest first
-    step = self.agreement.chiefs(self._step_before(None))
-    while step >= 0:
-      position, problem = self._read(step)
-      storage_failed = isinstance(problem, StorageError)
-      if self.agreement.any(storage_failed):  # every worker stops, none moves anything
-        raise problem if storage_failed else StorageError(
-            f"cannot read checkpoint {step} in {self.checkpoints.directory} on another "
-            f"worker (its log says why); nothing was moved or deleted")
-      if self.agreement.all(position is not None):
-        self._set_aside(unreadable, instead=f"step {step} restored instead")
-        logging.info("Restored checkpoint at step %d from %s", step, self.checkpoints.directory)
-        return position
-      unreadable.append((step, problem or "unreadable on another worker"))
-      step = self.agreement.chiefs(self._step_before(step))
-    if unreadable:
-      self._none_readable(unreadable)
-    return None
-
-  def _step_before(self, step: int | None) -> int:
-    """The newest checkpoint step below `step` (None: the newest of all); -1 if none."""
-    earlier = [s for s in self.checkpoints.all_steps() if step is None or s < step]
-    return earlier[-1] if earlier else -1
+    """The newest readable checkpoint loaded (trainer/state/train_state.py says how)."""
+    return self.train_state.restore_latest()
 
   def restore(self, step: int) -> Position | None:
-    """The position of `step` once loaded; None (with a warning) if its content is
-    unreadable (nothing is moved); StorageError if the storage refuses the read."""
-    position, problem = self._read(step)
-    if isinstance(problem, StorageError):
-      raise problem
-    if problem is not None:
-      logging.warning("Checkpoint %d is unreadable (%s).", step, problem)
-    return position
-
-  def _read(self, step: int) -> tuple[Position | None, Exception | None]:
-    """(position, None) once `step` is loaded, else (None, the CorruptCheckpoint or
-    StorageError why not). Reads only: nothing on disk changes."""
-    model_variables = self.state.model_variables
-    optimizer_variables = self.state.optimizer_variables
-    problem = None
-    with write_echoes.stderr_captured() as library_output:
-      try:
-        model_tree, optimizer_tree, meta = self.checkpoints.restore(
-            step, checkpoints.variables_tree(model_variables),
-            checkpoints.variables_tree(optimizer_variables))
-      except (checkpoints.CorruptCheckpoint, StorageError) as e:
-        # The failed read's pending tensorstore callbacks print asyncio
-        # tracebacks to fd 2 from other threads for a moment: let them, unseen.
-        library_output.discard()
-        problem = e
-        time.sleep(_FAILED_READ_DRAIN_SECONDS)
-    if problem is not None:
-      return None, problem
-    checkpoints.assign_tree(model_variables, model_tree)
-    checkpoints.assign_tree(optimizer_variables, optimizer_tree)
-    return Position(step, int(meta["examples_consumed"])), None
-
-  def _set_aside(self, unreadable: list, *, instead: str) -> None:
-    """Moves unreadable steps to checkpoints_corrupt/ (the chief; kept, not deleted)."""
-    for step, why in unreadable:
-      moved = self.checkpoints.set_aside(step)
-      logging.warning("Checkpoint %d is unreadable (%s)%s; %s.", step, why,
-                      f"; moved to {moved}" if moved else "", instead)
-
-  def _none_readable(self, unreadable: list) -> None:
-    """Checkpoints on disk, none readable: refuse, unless told to start over."""
-    steps = ", ".join(str(step) for step, _ in unreadable)
-    newest, why = unreadable[0]
-    if self.config.checkpoint.if_unreadable != "start_over" or self._read_only:
-      advice = ("" if self._read_only else
-                "; or set checkpoint.if_unreadable=start_over to set them aside in "
-                "checkpoints_corrupt/ and train from step 0")
-      raise UserError(f"no checkpoint in {self.checkpoints.directory} can be read (step(s) "
-                      f"{steps}; step {newest}: {why}); nothing was moved or deleted: repair "
-                      f"or restore them, or use another --model_dir{advice}")
-    self._set_aside(unreadable, instead="checkpoint.if_unreadable=start_over: training "
-                                        "starts over from step 0")
-
-  def _non_finite_state(self) -> list[str]:
-    """Checkpoint keys of the model and optimizer variables holding NaN or Inf."""
-    return [f"{item}/{key}" for item, variables in
-            (("model", self.state.model_variables),
-             ("optimizer", self.state.optimizer_variables))
-            for key in checkpoints.non_finite_keys(checkpoints.variables_tree(variables))]
-
-  def warm_start(self) -> Position:
-    """Weights (not optimizer state) from checkpoint.init_from, for a fresh model_dir;
-    with checkpoint.init_partial only those whose name and shape match, the rest listed."""
-    source = self.config.checkpoint.init_from
-    if source:
-      model_variables = self.state.model_variables
-      loaded, item, skipped = checkpoints.read_model_weights(
-          source, checkpoints.variables_tree(model_variables),
-          partial=self.config.checkpoint.init_partial)
-      checkpoints.assign_tree({key: model_variables[key] for key in loaded}, loaded)
-      if skipped:
-        logging.warning("Warm start (checkpoint.init_partial): %d of %d variables from %s; "
-                        "skipped %d, which start from their initializers: %s", len(loaded),
-                        len(model_variables), item, len(skipped), "; ".join(skipped))
-      logging.info("Warm start: weights from %s; optimizer state and step start fresh.", item)
-    return Position(0, 0)
+    """`step` loaded; None (with a warning) if unreadable."""
+    return self.train_state.restore(step)
 
   def _roll_back(self, position: Position, reached: Position, non_finite: list,
                  train_metrics: dict) -> Position:
     """Non-finite values (`non_finite`: the names of the step's), weights or optimizer
     state in the loop that ended at `reached`."""
+    in_state = self.train_state.non_finite_keys() if not non_finite else None
     what = (f"non-finite {non_finite[0]} ({train_metrics[non_finite[0]]})" if non_finite
-            else f"non-finite values in {(self._non_finite_state() or ['the state'])[0]}")
+            else f"non-finite values in {(in_state or ['the state'])[0]}")
     where = (f"in steps {position.step + 1}..{reached.step}"
              if reached.step > position.step + 1 else f"in step {reached.step}")
     policy = self.config.train.nonfinite_policy
+    last = self.train_state.last_checkpoint_words
     if policy == "stop":
-      raise NonFiniteError(f"{what} {where}; stopped without saving them "
-                           f"({self._last_checkpoint()})")
+      raise NonFiniteError(f"{what} {where}; stopped without saving them ({last()})")
     if self._rollbacks >= self.config.train.max_rollbacks:
       raise NonFiniteError(f"{what} {where} after {self._rollbacks} rollback(s) "
-                           f"(train.max_rollbacks); stopped ({self._last_checkpoint()})")
-    restored = self.restore_latest()
+                           f"(train.max_rollbacks); stopped ({last()})")
+    restored = self.train_state.restore_latest()
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
     self._rollbacks += 1
@@ -677,15 +498,8 @@ class Trainer:
     logging.info("Exported SavedModel to %s", destination)
     return destination
 
-  def _last_checkpoint(self) -> str:
-    step = self.checkpoints.latest_step()
-    return "no checkpoint yet" if step is None else f"the last checkpoint is step {step}"
-
   def close(self) -> None:
-    for manager in (self.checkpoints, self._best_checkpoints):
-      if manager is not None:
-        manager.wait()
-        manager.close()
+    self.train_state.close()
     self.summaries.close()
 
 
@@ -706,66 +520,3 @@ def _looks_like_images(features) -> bool:
 
 def _what_trains(config) -> str:
   return f"train.task={config.train.task}" if config.train.task else config.model.name
-
-
-def _build(task, context) -> None:
-  """task.build(context); a user's task failing is one line naming it (UserError)."""
-  try:
-    task.build(context)
-  except (UserError, input_pipelines.DataError, Preempted):
-    raise
-  except SystemExit as e:
-    raise UserError(f"{type(task).__name__}.build called sys.exit({e.code})") from None
-  except Exception as e:  # pylint: disable=broad-except  (user code raises anything)
-    raise UserError(f"{type(task).__name__}.build raised {_in_user_code(e)}") from None
-
-
-def _traced(discover, task):
-  """Runs a step's trace; a user's step failing at trace time is one line naming where."""
-  try:
-    return discover()
-  except UserError as e:  # raised in the trace: autograph prefixes its frames
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:":
-      raise UserError(lines[-1].removeprefix("UserError: ")) from None
-    raise
-  except Preempted:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"{type(task).__name__}'s step failed while tracing: {_in_user_code(e)}"
-                    ) from None
-
-
-_NOT_USER_CODE = ("/tensorflow/", "/keras/", "/trainer/", "/autograph/", "/site-packages/",
-                  "__autograph_generated")
-
-
-def _in_user_code(error: Exception) -> str:
-  """`Type: first line (file:line)`, at the innermost frame outside TensorFlow, Keras
-  and distloop's trainer/: where the user's code went wrong."""
-  import traceback  # pylint: disable=g-import-not-at-top
-  where = ""
-  for frame in traceback.extract_tb(error.__traceback__):
-    path = frame.filename
-    if not any(part in path for part in _NOT_USER_CODE):
-      where = f" ({os.path.basename(path)}:{frame.lineno})"
-  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-  if lines and lines[0] == "in user code:":  # autograph: the frames as text, then the error
-    frames = [match for match in (re.search(r'File "(.+?)", line (\d+)', line) for line in lines)
-              if match and not any(part in match.group(1) for part in _NOT_USER_CODE)]
-    if frames:
-      where = f" ({os.path.basename(frames[-1].group(1))}:{frames[-1].group(2)})"
-    lines = [lines[-1].removeprefix(f"{type(error).__name__}: ")]
-  return f"{type(error).__name__}: {lines[0][:300] if lines else ''}{where}"
-
-
-class _ProfileWindow(actions_module.Action):
-  """runtime.profile_steps: the profiler starts and stops at boundaries it asks for."""
-
-  def __init__(self, profiler):
-    super().__init__(lambda boundary: profiler.at_boundary(boundary.step), every_boundary=True,
-                     name="profile")
-    self._profiler = profiler
-
-  def next_step(self, step: int, last_step: int) -> int:
-    return self._profiler.next_boundary(step) or last_step

@@ -6,9 +6,12 @@ Like every periodic action it works at loop boundaries: the loop asks for the
 next boundary so that the window starts and ends exactly at START and END.
 
 Every worker of a synchronous cluster cuts its loops at those edges (the loops'
-collectives must pair up); only the chief (`trace=True`) records.
+collectives must pair up); only the chief (`trace=True`) records. `ProfileAction`
+is the window as one of the built-in Actions.
 """
 import tensorflow as tf
+
+from trainer.loop import actions
 
 
 class ProfileWindow:
@@ -42,3 +45,15 @@ class ProfileWindow:
     if self._active:
       tf.profiler.experimental.stop()
       self._active = False
+
+
+class ProfileAction(actions.Action):
+  """runtime.profile_steps: the profiler starts and stops at boundaries it asks for."""
+
+  def __init__(self, profiler):
+    super().__init__(lambda boundary: profiler.at_boundary(boundary.step), every_boundary=True,
+                     name="profile")
+    self._profiler = profiler
+
+  def next_step(self, step: int, last_step: int) -> int:
+    return self._profiler.next_boundary(step) or last_step

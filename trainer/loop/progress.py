@@ -6,7 +6,8 @@ the line) and stays below everything else: any other write to stderr (absl's log
 lines, the CLI's error line) first erases it, then draws it again after its
 newline. `finish()` leaves the last state on its own line. Anywhere else (a pipe,
 CI, a Slurm log, the launcher's prefixed output) each update is the usual INFO
-line, one per loop, as before.
+line, one per loop, as before. `Throughput` measures the examples/s that the
+line and summary.json report.
 
 Why not tqdm or rich: updates come only at loop boundaries, with our own measured
 examples/s and ETA (tqdm's rate smoothing assumes frequent ticks), and the line
@@ -14,6 +15,7 @@ must share stderr with absl's handler and our error line; this is a few lines an
 no new dependency.
 """
 import atexit
+import dataclasses
 import os
 import sys
 
@@ -95,3 +97,29 @@ def finish() -> None:
   """Ends the live line (the loop is over): later output goes below it."""
   if _terminal is not None:
     _terminal.finish()
+
+
+@dataclasses.dataclass
+class Throughput:
+  """Steady-state examples/s: the first loop of a process (it traces) is kept apart."""
+  first_examples: int = 0
+  first_seconds: float = 0.0
+  steady_examples: int = 0
+  steady_seconds: float = 0.0
+
+  def add(self, examples: int, seconds: float) -> None:
+    if self.first_seconds == 0.0:
+      self.first_examples, self.first_seconds = examples, seconds
+    else:
+      self.steady_examples += examples
+      self.steady_seconds += seconds
+
+  def per_second(self) -> float:
+    """Steady throughput; the first loop's only when it was the only one."""
+    if self.steady_seconds > 0:
+      return self.steady_examples / self.steady_seconds
+    return self.first_examples / self.first_seconds if self.first_seconds > 0 else 0.0
+
+  @property
+  def seconds(self) -> float:
+    return self.first_seconds + self.steady_seconds

@@ -16,7 +16,7 @@ record, including a never-retrieved error that is not a storage failure, still p
 
 A failed read echoes too: its pending tensorstore callbacks print asyncio tracebacks
 to fd 2 from other threads for a moment; the restore runs under `stderr_captured()`
-and discards what they print (trainer/loop/controller.py). The rest of the libraries'
+and discards what they print (trainer/state/train_state.py). The rest of the libraries'
 terminal chatter is trainer/cli/logs.py's.
 """
 import logging

@@ -7,9 +7,10 @@ Task (the reduction, loss scaling and stateless randomness live there);
 
 Around them, what a step is made of: optimizers (the one place gradients become
 an update) and loss scaling, losses, metrics and probabilities, the data's
-preprocess, plug-in resolution (plugins.py), the model checks (compatibility.py),
-the start-up checks of a config (validation.py, no TensorFlow) and the one list
-of built-in names (names.py).
+preprocess, plug-in resolution (plugins.py), a task's own failures as one line
+(user_code.py), the model checks (compatibility.py), the start-up checks of a
+config (validation.py, no TensorFlow) and the one list of built-in names
+(names.py).
 
 The contract's names are imported on first use, so that the start-up checks
 (validation.py, plugins.py) run before TensorFlow loads.
