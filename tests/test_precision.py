@@ -33,7 +33,7 @@ def test_float16_skips_overflowing_steps_on_every_replica_and_checkpoints_its_sc
                      "--config.runtime.num_cpu_devices=2")
   assert summary["eval_accuracy"] >= 0.95
   arrays = checkpoint_arrays(tmp_path, 200)
-  halvings = math.log2(2.0 ** 15 / float(arrays["optimizer/loss_scale/scale"]))
+  halvings = math.log2(2.0 ** 15 / float(arrays["optimizer/loss_scale/adam/scale"]))
   assert halvings >= 1 and halvings.is_integer()  # no growth: 200 steps < growth_interval
   assert int(arrays["optimizer/adam/iteration"]) == 200 - halvings  # skipped, not applied
   assert arrays["model/mnist_cnn/conv/kernel"].dtype.name == "float32"  # float32 variables
