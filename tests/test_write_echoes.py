@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from trainer.state import checkpoints
+from trainer.state import write_echoes
 
 _DISK_FULL = ValueError("RESOURCE_EXHAUSTED: Error writing \"adam/0\" in OCDBT database: "
                         "Failed to write 1432867 bytes to file 20: No space left on device "
@@ -86,3 +87,19 @@ def test_an_abandoned_storage_failure_is_not_logged_and_other_errors_are(writing
     _abandon_a_failed_task(ValueError("a bug, not the disk"))
   assert ["never retrieved" in record.getMessage() for record in caplog.records] == [True]
   assert "a bug, not the disk" in caplog.text
+
+
+def test_a_failed_reads_late_echo_is_dropped_and_other_reads_are_not(tmp_path):
+  """The garbage collector may log an abandoned read of an unreadable step long after the
+  restore moved on: dropped for that step's directory only."""
+  import logging  # pylint: disable=import-outside-toplevel
+  write_echoes.after_failed_read(str(tmp_path / "checkpoints" / "60"))
+  def record(error):
+    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1,
+                             "Task exception was never retrieved", None,
+                             (type(error), error, None))
+  late = ValueError(f'NOT_FOUND: Error opening "zarr" driver: Metadata at "x/.zarray" in '
+                    f'OCDBT database at local file "{tmp_path}/checkpoints/60/model/" ...')
+  other = ValueError(f'NOT_FOUND: ... local file "{tmp_path}/checkpoints/40/model/"')
+  assert write_echoes._drop_abandoned_storage_failures(record(late)) is False  # pylint: disable=protected-access
+  assert write_echoes._drop_abandoned_storage_failures(record(other)) is True  # pylint: disable=protected-access

@@ -20,6 +20,7 @@ It holds plain dicts of checkpoint key -> variable (the task's TaskState gives
 them), so state/ needs nothing from the task or the loop. Only the chief writes.
 """
 import dataclasses
+import os
 import time
 
 from absl import logging
@@ -161,6 +162,7 @@ class TrainState:
         # tracebacks to fd 2 from other threads for a moment: let them, unseen.
         library_output.discard()
         problem = e
+        write_echoes.after_failed_read(os.path.join(self.checkpoints.directory, str(step)))
         time.sleep(_FAILED_READ_DRAIN_SECONDS)
     if problem is not None:
       return None, problem

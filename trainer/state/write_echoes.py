@@ -16,7 +16,9 @@ record, including a never-retrieved error that is not a storage failure, still p
 
 A failed read echoes too: its pending tensorstore callbacks print asyncio tracebacks
 to fd 2 from other threads for a moment; the restore runs under `stderr_captured()`
-and discards what they print (trainer/state/train_state.py). The rest of the libraries'
+and discards what they print (trainer/state/train_state.py), and `after_failed_read(dir)`
+drops asyncio's "never retrieved" records of that unreadable step's reads, which the
+garbage collector may log any time later. The rest of the libraries'
 terminal chatter is trainer/cli/logs.py's.
 """
 import logging
@@ -25,6 +27,16 @@ import traceback
 
 from input_pipelines.native_output import stderr_captured  # noqa: F401  (fd 2, held)
 from trainer.state import storage
+
+
+_failed_reads = set()  # step directories whose failed reads may still echo
+
+
+def after_failed_read(step_dir: str) -> None:
+  """The read of `step_dir` failed (reported as one line): its abandoned reads' late
+  'exception was never retrieved' records are dropped; nothing else is."""
+  _failed_reads.add(step_dir.rstrip("/"))
+  quiet()
 
 
 def quiet() -> None:
@@ -56,4 +68,6 @@ def _drop_abandoned_storage_failures(record: logging.LogRecord) -> bool:
   """False (drop) for asyncio's 'exception was never retrieved' of a storage failure."""
   error = record.exc_info[1] if record.exc_info else None
   abandoned = "exception was never retrieved" in record.getMessage()
-  return not (abandoned and storage.reason(error))
+  of_a_failed_read = error is not None and any(directory in str(error)
+                                               for directory in _failed_reads)
+  return not (abandoned and (storage.reason(error) or of_a_failed_read))
