@@ -41,20 +41,25 @@ def test_stop_decision_ends_training_there_with_checkpoint_eval_and_export(tmp_p
   assert os.path.isdir(tmp_path / "export" / "40")
 
 
+def _early_stop_config(tmp_path, *lines: str) -> str:
+  """A config file: synthetic, early_stop's patience 1 and min_delta 10 (so it stops at
+  the second eval), and `lines` of the user's own."""
+  config = tmp_path / "config.py"
+  config.write_text("\n".join([
+      "from configs import synthetic", "def get_config():",
+      "  config = synthetic.get_config()", "  config.unlock()",
+      "  config.early_stop = dict(patience=1, min_delta=10.0)",
+      *(f"  {line}" for line in lines), "  return config", ""]))
+  return str(config)
+
+
 def test_csv_log_and_early_stop_example(tmp_path):
   """examples/actions.py: an eval every 10 steps, stop once eval loss stops improving
   by 10 (so, at the second eval), a CSV of every metric."""
-  config = tmp_path / "config.py"
-  config.write_text(
-      "from configs import synthetic\n"
-      "def get_config():\n"
-      "  config = synthetic.get_config()\n"
-      "  config.unlock()\n"
-      "  config.early_stop = dict(patience=1, min_delta=10.0)\n"
-      f"  config.train.actions = '{_EXAMPLE}:csv_log,{_EXAMPLE}:early_stop'\n"
-      "  config.train.steps, config.eval.interval, config.train.steps_per_loop = 60, 10, 10\n"
-      "  config.data.num_train_examples, config.data.num_eval_examples = 512, 200\n"
-      "  return config\n")
+  config = _early_stop_config(
+      tmp_path, f"config.train.actions = '{_EXAMPLE}:csv_log,{_EXAMPLE}:early_stop'",
+      "config.train.steps, config.eval.interval, config.train.steps_per_loop = 60, 10, 10",
+      "config.data.num_train_examples, config.data.num_eval_examples = 512, 200")
   summary = train_ok(tmp_path / "run", f"--config={config}", "--mode=train_and_eval")
   assert summary["step"] == 20 and summary["stopped_early_by"] == "early_stop"
   rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
@@ -110,15 +115,8 @@ def test_two_workers_stop_together_where_one_decides(tmp_path, decider):
   if loopback_unavailable():
     pytest.skip(loopback_unavailable())
   if decider == "early_stop":
-    config = tmp_path / "config.py"
-    config.write_text(
-        "from configs import synthetic\n"
-        "def get_config():\n"
-        "  config = synthetic.get_config()\n"
-        "  config.unlock()\n"
-        "  config.early_stop = dict(patience=1, min_delta=10.0)\n"
-        "  return config\n")
-    flags = [f"--config={config}", f"--config.train.actions={_EXAMPLE}:early_stop",
+    flags = [f"--config={_early_stop_config(tmp_path)}",
+             f"--config.train.actions={_EXAMPLE}:early_stop",
              "--config.eval.interval=20", "--mode=train_and_eval"]
   else:
     flags = [f"--config.train.actions={_PLUGINS}:{decider}"]

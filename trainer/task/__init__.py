@@ -37,19 +37,12 @@ def create(config, task=None):
   if spec in (None, ""):
     from trainer.task import supervised  # pylint: disable=g-import-not-at-top
     return supervised.SupervisedTask()
-  where = f"train.task={spec!r}" if isinstance(spec, str) else f"task {spec!r}"
-  made = plugins.resolve("train.task", spec) if isinstance(spec, str) else spec
-  if isinstance(made, Task):
-    return made
-  try:
-    made = made() if isinstance(made, type) else made(config)
-  except UserError:
-    raise
-  except SystemExit as e:
-    raise UserError(f"{where} called sys.exit({e.code})") from None
-  except Exception as e:  # pylint: disable=broad-except  (a user's code raises anything)
-    raise UserError(f"{where} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    ) from None
+  field = "train.task"
+  shown = spec if isinstance(spec, str) else repr(spec)
+  made = plugins.resolve(field, spec) if isinstance(spec, str) else spec
+  if not isinstance(made, Task):  # a Task class, or a function of the config
+    made = (plugins.call(field, shown, made) if isinstance(made, type)
+            else plugins.call(field, shown, made, config))
   if not isinstance(made, Task):
-    raise UserError(f"{where} gave {type(made).__name__}, not a trainer.Task")
+    raise UserError(f"{field}={shown!r} gave {type(made).__name__}, not a trainer.Task")
   return made

@@ -77,21 +77,21 @@ def model_variables(models: dict) -> dict:
   return keyed
 
 
-def model_names(models: list) -> dict:
-  """{stable name: model} for the task's models, in order."""
+def model_names(models: list, what: str = "models") -> dict:
+  """{stable name: model} for the task's models (or optimizers), in order."""
   namer = _Namer()
   named = {}
   for model in models:
     name = namer(model)
     if name in named:
-      raise UserError(f"two models of the task are both named {name!r}; name them apart")
+      raise UserError(f"two {what} of the task are both named {name!r}; name them apart")
     named[name] = model
   return named
 
 
 def optimizer_names(optimizers: list) -> dict:
   """{stable name: optimizer}, as model_names."""
-  return model_names(optimizers)
+  return model_names(optimizers, "optimizers")
 
 
 def optimizer_variables(optimizers: dict, model_keys: dict) -> dict:
