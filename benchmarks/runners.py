@@ -98,10 +98,11 @@ def _setup():
   if not config.model.num_classes:  # 0: from the data, as the trainer resolves it
     with config.unlocked():
       config.model.num_classes = input_pipelines.num_classes(*splits.sources("synthetic"))[0]
-  if _REPLICAS.value > 1:  # logical devices must exist before the runtime starts
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * _REPLICAS.value)
+  if _REPLICAS.value > 1:  # logical devices (and their share of the cores), as distloop's
+    from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
+    with config.unlocked():
+      config.runtime.num_cpu_devices = _REPLICAS.value
+    runtime.configure(config.runtime)
     strategy = tf.distribute.MirroredStrategy(
         [d.name for d in tf.config.list_logical_devices("CPU")])
   else:

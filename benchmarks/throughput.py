@@ -29,7 +29,8 @@ How it stays fair:
   a warm-up (benchmarks/runners.py); orbit: the same, each run one
   `Controller.train` call.
 - The same CPU kernels (--cpu_kernels: oneDNN, which distloop turns on, or
-  Eigen) for distloop, both bare loops and orbit.
+  Eigen) for distloop, both bare loops and orbit; with several replicas, the
+  same threads per op for all (distloop's runtime.configure: cores / replicas).
 - fit's best setting is found first, one process per `steps_per_execution` in
   {1, L} x `jit_compile` in {False, True} with those kernels, and {1, L} without
   XLA with the other ones (TensorFlow's own default on an AVX2 CPU is Eigen);

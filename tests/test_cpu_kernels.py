@@ -1,6 +1,7 @@
 """distloop turns on oneDNN's CPU kernels on x86-64 (2x-4x the seed CNN's step on an AVX2
 CPU, where TensorFlow leaves them off) and leaves the choice to TF_ENABLE_ONEDNN_OPTS when
 the user set it."""
+import os
 import platform
 import subprocess
 import sys
@@ -34,3 +35,28 @@ def test_onednn_is_on_by_default(tmp_path):
 
 def test_the_users_setting_wins(tmp_path):
   assert _kernels_of_a_short_run(tmp_path / "off", "0") == "Eigen"
+
+
+def _start_line(model_dir, extra_env=None, num_cpu_devices=2) -> str:
+  env = {**cli.user_environment(), **(extra_env or {})}
+  completed = subprocess.run(
+      [sys.executable, "-m", "trainer", "--config=synthetic", f"--model_dir={model_dir}",
+       "--config.train.steps=10", "--config.train.steps_per_loop=5",
+       "--config.checkpoint.interval=10", "--mode=train", "--config.runtime.strategy=mirrored",
+       f"--config.runtime.num_cpu_devices={num_cpu_devices}"],
+      capture_output=True, text=True, timeout=300, cwd=cli.REPO, env=env)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  return next(line for line in completed.stderr.splitlines() if "Training mnist_cnn" in line)
+
+
+def test_replicas_on_logical_cpus_share_the_cores(tmp_path):
+  """Each op of N replicas runs on cores / N threads, not on every core: the replicas' ops
+  run side by side instead of contending (1.25x at batch 32 on 2 replicas, 2 cores)."""
+  cores = len(os.sched_getaffinity(0))
+  line = _start_line(tmp_path / "shared")
+  assert f"{max(1, cores // 2)} thread(s) per op" in line, line
+
+
+def test_the_users_thread_setting_wins(tmp_path):
+  line = _start_line(tmp_path / "own", {"TF_NUM_INTRAOP_THREADS": "3"})
+  assert "thread(s) per op" not in line, line

@@ -198,9 +198,11 @@ class Trainer:
     if getattr(self.task, "num_classes_from", None):  # the built-in task resolved it
       logging.info("model.num_classes=%d, from the data (%s)",
                    self.task.model_config.num_classes, self.task.num_classes_from)
-    logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels) from step %d to %d.",
-                 _what_trains(config), config.data.name, self.strategy.num_replicas_in_sync,
-                 config.runtime.strategy, runtime.cpu_kernels(), position.step, total)
+    threads = runtime.threads_per_op()
+    logging.info("Training %s on %s with %d replica(s) (%s, %s CPU kernels%s) from step %d to "
+                 "%d.", _what_trains(config), config.data.name, self.strategy.num_replicas_in_sync,
+                 config.runtime.strategy, runtime.cpu_kernels(),
+                 f", {threads} thread(s) per op" if threads else "", position.step, total)
 
     self._throughput = progress.Throughput()
     train_metrics, self._eval_metrics = {}, None
