@@ -61,9 +61,22 @@ def weights(tmp_path_factory):
       summary = train_ok(model_dir, *_COMMON, *_OPTIMIZERS[optimizer][0],
                          f"--config.runtime.num_cpu_devices={replicas}")
       assert summary["num_replicas"] == replicas
-      cache[optimizer, replicas] = _weights(model_dir)
-    return cache[optimizer, replicas]
+      cache[optimizer, replicas] = _weights(model_dir), _gradient_norms(model_dir)
+    return cache[optimizer, replicas][0]
+  get.gradient_norms = lambda optimizer, replicas: (get(optimizer, replicas),
+                                                   cache[optimizer, replicas][1])[1]
   return get
+
+
+def _gradient_norms(model_dir) -> dict:
+  """{step: the loop's mean gradient norm} from TensorBoard's train scalars."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=import-outside-toplevel
+  from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+  accumulator = event_accumulator.EventAccumulator(
+      str(model_dir / "tensorboard" / "train"), size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+          for e in accumulator.Tensors("gradient_norm")}
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
@@ -85,3 +98,14 @@ def test_same_weights_as_one_replica(weights, optimizer, replicas):
 def test_training_moved_the_weights(weights, optimizer):
   """Biases start at zero: guards the comparison above against a loop that never updates."""
   assert np.abs(weights(optimizer, 1)["/mnist_cnn/logits/bias"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_the_reported_gradient_norm_is_the_same_on_any_replica_count(weights, replicas):
+  """Every replica holds the same reduced gradients; one replica reports their norm. A norm
+  counted on several replicas, or averaged over the wrong number of steps, differs from
+  the one replica's by a factor."""
+  one, many = weights.gradient_norms("sgd", 1), weights.gradient_norms("sgd", replicas)
+  assert sorted(one) == sorted(many) == [10, 20, 30], (one, many)
+  for step in one:
+    assert one[step] > 0 and abs(many[step] - one[step]) <= 1e-5 * one[step], (step, one, many)

@@ -45,6 +45,9 @@ class Sums:
       sums.append(value * count if value.shape.rank == 0 else tf.reduce_sum(value))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
     for name in self.norm_names:
+      if not _counts_norms():
+        sums += [zero, zero]
+        continue
       norm, may_overflow = norms[name]
       norm = tf.cast(norm, tf.float64)
       if may_overflow:
@@ -65,6 +68,19 @@ class Sums:
       if steps:
         result[name] = total / steps
     return result
+
+
+def _counts_norms() -> bool:
+  """Whether this replica adds the gradient norms to the sums. Every replica holds the same
+  reduced gradients, so one replica's norm is the norm: the other replicas add nothing,
+  and TensorFlow prunes their unused norm ops from the step (unless the task uses the
+  returned norm). Where the replica id is not known at trace time, every replica adds
+  its copy, and the average is the same."""
+  context = tf.distribute.get_replica_context()
+  if context is None:
+    return True
+  replica = tf.get_static_value(context.replica_id_in_sync_group)
+  return replica is None or int(replica) == 0
 
 
 def _example_count(batch):
