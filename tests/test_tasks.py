@@ -34,6 +34,7 @@ def _gan_flags(gan: str, replicas: int, *extra: str) -> list[str]:
           "--config.data.num_eval_examples=96", *extra]
 
 
+@pytest.mark.slow  # several processes of 1-3 replicas (CI runs it)
 def test_gan_weights_agree_on_1_2_3_replicas_with_plain_sgd(tmp_path):
   """Plain SGD sees a doubled (or N-times) gradient in either optimizer; Adam would not."""
   gan = _outside(tmp_path, _GAN)
@@ -101,6 +102,7 @@ def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
   assert np.abs(samples[:, 1]).mean() < 0.6  # y stays near 0, as in the data
 
 
+@pytest.mark.slow  # several processes of 1-3 replicas (CI runs it)
 def test_a_tasks_own_variables_are_checkpointed_and_resume_exactly(tmp_path):
   """EMA weights and a counter the step assigns (2 replicas): 10 steps, then on to 20,
   equal the uninterrupted 20 - restored, not restarted."""
