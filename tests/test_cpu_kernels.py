@@ -37,13 +37,14 @@ def test_the_users_setting_wins(tmp_path):
   assert _kernels_of_a_short_run(tmp_path / "off", "0") == "Eigen"
 
 
-def _start_line(model_dir, extra_env=None, num_cpu_devices=2) -> str:
+def _start_line(model_dir, extra_env=None) -> str:
+  """The start-up line of a short run on 2 replicas (logical CPU devices)."""
   env = {**cli.user_environment(), **(extra_env or {})}
   completed = subprocess.run(
       [sys.executable, "-m", "trainer", "--config=synthetic", f"--model_dir={model_dir}",
        "--config.train.steps=10", "--config.train.steps_per_loop=5",
        "--config.checkpoint.interval=10", "--mode=train", "--config.runtime.strategy=mirrored",
-       f"--config.runtime.num_cpu_devices={num_cpu_devices}"],
+       "--config.runtime.num_cpu_devices=2"],
       capture_output=True, text=True, timeout=300, cwd=cli.REPO, env=env)
   assert completed.returncode == 0, completed.stderr[-3000:]
   return next(line for line in completed.stderr.splitlines() if "Training mnist_cnn" in line)

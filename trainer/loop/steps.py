@@ -44,8 +44,9 @@ class Sums:
       value = tf.cast(values[name], tf.float64)
       sums.append(value * count if value.shape.rank == 0 else tf.reduce_sum(value))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
+    counts_norms = _counts_norms()
     for name in self.norm_names:
-      if not _counts_norms():
+      if not counts_norms:
         sums += [zero, zero]
         continue
       norm, may_overflow = norms[name]
