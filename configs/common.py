@@ -40,10 +40,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
   config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION
   config.train.from_logits = "auto"    # cross-entropies: "auto" (a final softmax/sigmoid -> probabilities, else logits) | "true" (logits) | "false" (probabilities)
-  config.train.optimizer = "adam"      # sgd | momentum | adam | rmsprop | adagrad
+  config.train.optimizer = "adam"      # sgd | momentum | adam | adamw | adamax | nadam | rmsprop | adagrad | adadelta | adafactor | ftrl | lamb | lion | MODULE:FUNCTION(train_config) -> keras optimizer
+  config.train.optimizer_args = ""     # built-in optimizers: more keyword arguments, "beta_2=0.95,amsgrad=True"
+  config.train.weight_decay = 0.0      # decoupled weight decay (Keras's weight_decay), any built-in optimizer; 0 = none (adamw: Keras's 0.004)
+  config.train.weight_decay_exclude = "1d"  # variables never decayed: 1d (rank <= 1: biases, normalization scales) and/or regexes searched in variable paths, comma-separated; "" = none
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only
-  config.train.lr_schedule = "constant"  # constant | cosine (warmup, then decay to 0 at train.steps) | step
+  config.train.lr_schedule = "constant"  # constant | cosine (warmup, then decay to 0 at train.steps) | step | MODULE:FUNCTION(train_config) -> float or LearningRateSchedule
   config.train.warmup_steps = 0        # cosine: linear warmup from 0 over this many steps
   config.train.lr_decay_steps = 1000   # step: multiply the rate by lr_decay_rate every this many steps
   config.train.lr_decay_rate = 0.1    # step: the factor

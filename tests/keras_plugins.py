@@ -106,3 +106,9 @@ def regularized_linear(model_config, input_spec):
       keras.Input(shape=input_spec.shape[1:]),
       keras.layers.Dense(NUM_CLASSES, kernel_regularizer=keras.regularizers.L2(L2), name="head"),
   ], name="linear")
+
+
+def halving_schedule(train_config):
+  """train.lr_schedule plug-in: train.learning_rate, halved every 10 steps."""
+  return keras.optimizers.schedules.ExponentialDecay(
+      train_config.learning_rate, decay_steps=10, decay_rate=0.5, staircase=True)

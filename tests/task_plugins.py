@@ -43,6 +43,18 @@ class UnbuiltOptimizer(_Base):
     return {}
 
 
+class ClippingOptimizer(_Base):
+  """Builds its own optimizer with Keras-side clipping, which lives in apply()."""
+
+  def build(self, context):
+    self.model = _model()
+    self.optimizer = keras.optimizers.SGD(0.1, global_clipnorm=1.0)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def train_step(self, batch, step):
+    return {}
+
+
 class WrongRank(_Base):
 
   def train_step(self, batch, step):

@@ -14,7 +14,7 @@ BAD_INPUTS = {
     "eval of an empty model_dir": (["--mode=eval"], "config.json"),
     "unknown dataset": (["--config=synthetic", "--config.data.name=cifar"], "data.name"),
     "unknown strategy": (["--config=synthetic", "--config.runtime.strategy=horovod"], "runtime.strategy"),
-    "unknown optimizer": (["--config=synthetic", "--config.train.optimizer=lion"], "train.optimizer"),
+    "unknown optimizer": (["--config=synthetic", "--config.train.optimizer=lions"], "train.optimizer"),
     "unknown mode": (["--config=synthetic", "--mode=dance"], "--mode"),
     "non-numeric batch": (["--config=synthetic", "--config.train.global_batch_size=abc"], "global_batch_size"),
     "zero batch": (["--config=synthetic", "--config.train.global_batch_size=0"], "global_batch_size"),

@@ -82,7 +82,10 @@ def test_hparams_config_images_and_graph_are_served(tensorboard):
   experiment = request("/data/plugin/hparams/experiment", {"experimentName": ""})
   names = {info["name"] for info in experiment["hparamInfos"]}
   assert {"train.steps", "train.learning_rate", "model.name", "runtime.strategy"} <= names
-  assert request("/data/plugin/text/tags")["train"] == ["config"]
+  assert sorted(request("/data/plugin/text/tags")["train"]) == ["config", "model"]
+  (model,) = request("/data/plugin/text/text?run=train&tag=model")
+  assert "model mnist_cnn: 347,146 parameters (347,146 trainable, 0 not)" in model["text"]
+  assert "optimizer adam: Adam" in model["text"]
   assert request("/data/plugin/images/tags")["train"]["input_samples"]["samples"] == 8
   assert "train_loop" in request("/data/plugin/graphs/info")["train"]["tags"]
 

@@ -22,7 +22,7 @@ def test_shipped_configs_are_valid(name):
     ("train.steps", 0, "train.steps=0 must be positive"),
     ("train.global_batch_size", -4, "train.global_batch_size=-4 must be positive"),
     ("train.steps_per_loop", 0, "train.steps_per_loop=0 must be positive"),
-    ("train.optimizer", "lion", "train.optimizer='lion' is unknown"),
+    ("train.optimizer", "lions", "train.optimizer='lions' is unknown"),
     ("train.from_logits", "yes", "train.from_logits='yes' is unknown (choose from: auto, true"),
     ("train.learning_rate", -0.5, "train.learning_rate=-0.5 must not be negative"),
     ("train.learning_rate", float("nan"), "must be a finite number"),

@@ -203,6 +203,10 @@ class Trainer:
                  "%d.", _what_trains(config), config.data.name, self.strategy.num_replicas_in_sync,
                  config.runtime.strategy, runtime.cpu_kernels(),
                  f", {threads} thread(s) per op" if threads else "", position.step, total)
+    described = self.state.describe()
+    for line in described:
+      logging.info("%s", line)
+    self.summaries.text(position.step, "model", "\n\n".join(described))
 
     self._throughput = progress.Throughput()
     train_metrics, self._eval_metrics = {}, None

@@ -59,6 +59,13 @@ class Summaries:
       tf.summary.text("config", "| field | value |\n| --- | --- |\n" + rows)
       hparams_api.hparams(flat, trial_id=os.path.dirname(self.root))
 
+  def text(self, step: int, tag: str, markdown: str) -> None:
+    """A markdown text in TensorBoard's Text tab (train run)."""
+    if not self._enabled:
+      return
+    with self._writer("train").as_default(step=step):
+      tf.summary.text(tag, markdown)
+
   def sample_images(self, step: int, images: np.ndarray) -> None:
     """A few training inputs as the model sees them (once, at the start of a run)."""
     if not self._enabled:

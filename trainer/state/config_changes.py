@@ -6,10 +6,10 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
   may change  train.steps; train.learning_rate and its schedule (lr_schedule,
               warmup_steps, lr_decay_steps, lr_decay_rate: the new schedule applies
               from the resumed step on, and cosine decays to 0 at the new
-              train.steps); train.momentum, clip_grad_norm, nonfinite_policy,
-              max_rollbacks; train.global_batch_size (the data position is counted in
-              examples: the stream goes on from the same example, in batches of the
-              new size); train.steps_per_loop; eval.*; checkpoint.* (retention and
+              train.steps); train.momentum, weight_decay, weight_decay_exclude,
+              clip_grad_norm, nonfinite_policy, max_rollbacks; train.global_batch_size
+              (the data position is counted in examples: the stream goes on from the
+              same example, in batches of the new size); train.steps_per_loop; eval.*; checkpoint.* (retention and
               intervals; init_from only applies to a fresh model_dir); runtime.*
               but seed and mixed_precision (strategy, devices and cluster shape:
               elastic resume)
@@ -18,7 +18,7 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               if the files are the same; a warning names both paths)
   fixed       model.*, data.* but dir, runtime.seed (the data order, and synthetic data),
               runtime.mixed_precision (float16 keeps a loss scale in the optimizer
-              state), train.loss, train.from_logits, train.optimizer, and the fields of any section a
+              state), train.loss, train.from_logits, train.optimizer (and optimizer_args), and the fields of any section a
               user's config adds
 
 `check` compares the config with the one the model_dir recorded (config.json, or
@@ -42,6 +42,7 @@ _FIXED_FIELDS = {
     "train.loss": "the objective",
     "train.from_logits": "the objective (what the outputs mean to the loss)",
     "train.optimizer": "the optimizer and its state",
+    "train.optimizer_args": "the optimizer and its state",
 }
 _WARNED_FIELDS = ("data.dir",)
 _MISSING = object()

@@ -104,6 +104,9 @@ def optimizer_variables(optimizers: dict, model_keys: dict) -> dict:
              for key, variable in model_keys.items()}
   keyed = {}
   for name, optimizer in optimizers.items():
+    slot_of = _slots_by_variable(optimizer)
+    own = {id(value): attribute.strip("_") for attribute, value in vars(optimizer).items()
+           if is_variable(value)}
     for variable in optimizer.variables:
       leaf = variable.name
       if leaf == "learning_rate":
@@ -112,11 +115,30 @@ def optimizer_variables(optimizers: dict, model_keys: dict) -> dict:
                       key=len, default=None)
       if reference is not None:
         leaf = by_path[reference] + leaf[len(reference):]
+      elif id(variable) in slot_of:  # a slot named without its variable (Adafactor's r, c)
+        model_variable, kind = slot_of[id(variable)]
+        path = model_variable.path.replace("/", "_")
+        leaf = f"{by_path.get(path, path)}_{kind}"
+      elif id(variable) in own and re.fullmatch(r"variable(_\d+)?", leaf):
+        leaf = own[id(variable)]  # Keras's automatic name (Nadam's product): its attribute
       key = f"{name}/{leaf}"
       if key in keyed:
         raise UserError(f"two variables of optimizer {name!r} share the checkpoint key {key!r}")
       keyed[key] = variable
   return keyed
+
+
+def _slots_by_variable(optimizer) -> dict:
+  """{id(slot): (its model variable, the slot list's name)}: Keras optimizers keep each kind
+  of slot in a list parallel to the variables they update (`_momentums`, Adafactor's `_r`)."""
+  updated = list(getattr(optimizer, "_trainable_variables", None) or [])
+  found = {}
+  for attribute, value in sorted(vars(optimizer).items()):
+    if (attribute != "_trainable_variables" and isinstance(value, (list, tuple)) and updated
+        and len(value) == len(updated) and all(is_variable(slot) for slot in value)):
+      for slot, model_variable in zip(value, updated):
+        found.setdefault(id(slot), (model_variable, attribute.strip("_")))
+  return found
 
 
 def extra_variables(variables: dict) -> dict:

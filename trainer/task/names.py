@@ -6,7 +6,10 @@ loads; the registries that build them (optimizers.py, losses.py, metrics.py) ans
 exactly these names (tests/test_layout.py holds them to it).
 """
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adagrad")  # optimizers.create
+# optimizers.create: Keras's optimizers by their lowercase names, and "momentum" (SGD with
+# train.momentum)
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adamax", "nadam", "rmsprop", "adagrad",
+              "adadelta", "adafactor", "ftrl", "lamb", "lion")
 LR_SCHEDULES = ("constant", "cosine", "step")  # optimizers.learning_rate
 LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mean_squared_error",
           "mean_absolute_error")  # losses.BUILTINS

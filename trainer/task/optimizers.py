@@ -8,22 +8,41 @@ the reduction (one explicit all-reduce with CommunicationOptions, in
 trainer/loop/steps.py), so it applies the already-reduced gradients here with
 Keras's public per-variable hook, `update_step`, under
 `strategy.extended.update` -- the very path Keras takes after its own reduction.
-Because the trainer builds every optimizer itself (below), nothing that `apply`
-would add -- weight decay, clipping, EMA -- is silently skipped.
+What `apply` adds around `update_step` is done here too (decoupled weight decay,
+variable constraints, Nadam's momentum product) or refused in one line
+(`check_supported`: Keras-side clipping, EMA, accumulation, loss scaling, a class
+that overrides the apply path), so nothing is silently skipped.
 """
+import re
+import weakref
+
 import keras
 import ml_collections
 import tensorflow as tf
 
+from trainer.errors import UserError
+from trainer.task import plugins
+from trainer.task import validation
+
 
 def learning_rate(train_config: ml_collections.ConfigDict):
-  """train.learning_rate, or a schedule of the optimizer's step count (train.lr_schedule).
+  """train.learning_rate, or a schedule of the optimizer's step count (train.lr_schedule:
+  a built-in, or MODULE:FUNCTION(train_config) returning a float or a Keras
+  LearningRateSchedule).
 
   The step count is checkpointed with the optimizer, so a resumed run continues
   the schedule where it was.
   """
   lr = train_config.learning_rate
   schedule = train_config.lr_schedule
+  if plugins.is_plugin(schedule):
+    value = plugins.call("train.lr_schedule", schedule,
+                         plugins.resolve("train.lr_schedule", schedule), train_config)
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, keras.optimizers.schedules.LearningRateSchedule)):
+      raise UserError(f"train.lr_schedule={schedule!r} returned {type(value).__name__}, not a "
+                      f"number or a keras.optimizers.schedules.LearningRateSchedule")
+    return value
   if schedule == "constant":
     return lr
   if schedule == "cosine":  # linear warmup from 0, then cosine decay to 0 at train.steps
@@ -38,20 +57,125 @@ def learning_rate(train_config: ml_collections.ConfigDict):
   raise ValueError(f"unknown lr_schedule {schedule!r}")  # validation.py refuses it earlier
 
 
+# train.optimizer's names -> Keras's classes; "momentum" is SGD with train.momentum.
+_CLASSES = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW",
+            "adamax": "Adamax", "nadam": "Nadam", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+            "adadelta": "Adadelta", "adafactor": "Adafactor", "ftrl": "Ftrl", "lamb": "Lamb",
+            "lion": "Lion"}
+
+
 def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimizer:
-  lr = learning_rate(train_config)
-  name = train_config.optimizer
-  if name == "sgd":
-    return keras.optimizers.SGD(lr)
-  if name == "momentum":
-    return keras.optimizers.SGD(lr, momentum=train_config.momentum)
-  if name == "adam":
-    return keras.optimizers.Adam(lr)
-  if name == "rmsprop":
-    return keras.optimizers.RMSprop(lr, momentum=train_config.momentum)
-  if name == "adagrad":
-    return keras.optimizers.Adagrad(lr)
-  raise ValueError(f"unknown optimizer {name!r}")  # validation.py refuses it earlier
+  """train.optimizer: a Keras optimizer by name, with train.learning_rate (or its schedule),
+  train.weight_decay and train.optimizer_args; or MODULE:FUNCTION(train_config) returning
+  a Keras optimizer. Either way checked (`check_supported`) and given
+  train.weight_decay_exclude."""
+  spec = train_config.optimizer
+  if plugins.is_plugin(spec):
+    optimizer = plugins.call("train.optimizer", spec,
+                             plugins.resolve("train.optimizer", spec), train_config)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+      raise UserError(f"train.optimizer={spec!r} returned {type(optimizer).__name__}, not a "
+                      f"keras.optimizers.Optimizer")
+  else:
+    arguments = validation.optimizer_arguments(train_config)
+    if spec in ("momentum", "rmsprop"):
+      arguments.setdefault("momentum", train_config.momentum)
+    if train_config.weight_decay:
+      arguments["weight_decay"] = train_config.weight_decay
+    cls = getattr(keras.optimizers, _CLASSES[spec])
+    try:
+      optimizer = cls(learning_rate=learning_rate(train_config), **arguments)
+    except (TypeError, ValueError) as error:
+      raise UserError(f"train.optimizer_args={train_config.optimizer_args!r}: {cls.__name__} "
+                      f"refused them: {str(error).splitlines()[0]}") from None
+  check_supported(optimizer, f"train.optimizer={spec!r}")
+  _EXCLUDED_FROM_DECAY[optimizer] = exclusion_rule(train_config.weight_decay_exclude)
+  return optimizer
+
+
+# What Keras's `apply()` adds around the update, which distloop does itself or not at all.
+_APPLY_SETTINGS = {
+    "clipnorm": "set train.clip_grad_norm instead (distloop clips after its one all-reduce)",
+    "clipvalue": "distloop clips by global norm only: set train.clip_grad_norm",
+    "global_clipnorm": "set train.clip_grad_norm instead (distloop clips after its one "
+                       "all-reduce)",
+    "use_ema": "Keras averages in optimizer.apply(), which distloop does not call (it would "
+               "all-reduce the gradients again); keep the average in your Task",
+    "gradient_accumulation_steps": "Keras accumulates in optimizer.apply(), which distloop "
+                                   "does not call",
+    "loss_scale_factor": "set runtime.mixed_precision=float16: distloop scales the loss "
+                         "itself, per optimizer",
+}
+# Keras methods on the apply path: a class that overrides one does work there that
+# update_step alone would skip (Nadam's, handled in _update, is the exception).
+_KERAS_BASES = ("keras.src.optimizers.base_optimizer", "keras.src.optimizers.optimizer",
+                "keras.src.backend.tensorflow.optimizer")
+_APPLY_PATH = ("apply", "apply_gradients", "_backend_apply_gradients", "_backend_update_step",
+               "_apply_weight_decay")
+
+
+def check_supported(optimizer, where: str) -> None:
+  """UserError, in one line, for an optimizer whose settings live in Keras's `apply()`
+  (clipping, EMA, accumulation, loss scaling) or whose class changes that path: distloop
+  applies reduced gradients with `update_step` (see the module docstring), so those
+  would be skipped silently."""
+  name = type(optimizer).__name__
+  if hasattr(optimizer, "inner_optimizer") or isinstance(
+      optimizer, getattr(keras.optimizers, "MultiOptimizer", ())):
+    raise UserError(f"{where}: a {name} wraps other optimizers; give distloop the optimizer "
+                    f"itself (float16 loss scaling: runtime.mixed_precision)")
+  for setting, instead in _APPLY_SETTINGS.items():
+    value = getattr(optimizer, setting, None)
+    unused = (False,) if setting == "use_ema" else (
+        (None, 1) if setting == "gradient_accumulation_steps" else (None,))
+    if value not in unused:
+      raise UserError(f"{where}: {name}({setting}={value!r}) is not supported: {instead}")
+  for method in _APPLY_PATH:
+    owner = next((cls for cls in type(optimizer).__mro__ if method in vars(cls)), None)
+    if owner is None or owner is keras.optimizers.Nadam or owner.__module__ in _KERAS_BASES:
+      continue
+    raise UserError(f"{where}: {name} overrides {method}(), which distloop does not call "
+                    f"(it applies reduced gradients with update_step): not supported")
+
+
+# optimizer -> the rule of train.weight_decay_exclude it was created with.
+_EXCLUDED_FROM_DECAY = weakref.WeakKeyDictionary()
+
+
+def exclusion_rule(text: str):
+  """train.weight_decay_exclude as `excluded(variable) -> bool`: `1d` (every variable of
+  rank 0 or 1: biases, normalization scales and offsets) and regular expressions searched
+  in the variable's path, comma-separated; empty: none excluded."""
+  entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+  patterns = [re.compile(entry) for entry in entries if entry != "1d"]
+  vectors = "1d" in entries
+
+  def excluded(variable) -> bool:
+    return ((vectors and len(variable.shape) <= 1)
+            or any(pattern.search(variable.path) for pattern in patterns))
+  return excluded
+
+
+def decays(optimizer, variable) -> bool:
+  """Whether `optimizer` decays `variable`: it has a weight_decay, Keras's own exclusions
+  (exclude_from_weight_decay) spare it not, and neither does train.weight_decay_exclude
+  (for optimizers distloop created)."""
+  if not getattr(optimizer, "weight_decay", None):
+    return False
+  if not optimizer._use_weight_decay(variable):  # pylint: disable=protected-access
+    return False
+  excluded = _EXCLUDED_FROM_DECAY.get(optimizer)
+  return not (excluded and excluded(variable))
+
+
+def describe(optimizer, variables) -> str:
+  """For the start-up log: 'AdamW(weight_decay=0.004, on 4 of 8 variables)'."""
+  name = type(optimizer).__name__
+  if not getattr(optimizer, "weight_decay", None):
+    return name
+  decayed = sum(decays(optimizer, variable) for variable in variables)
+  return (f"{name}(weight_decay={optimizer.weight_decay:g}, on {decayed} of {len(variables)} "
+          f"variables)")
 
 
 def apply_reduced_gradients(strategy: tf.distribute.Strategy,
@@ -98,7 +222,9 @@ def _fused_step(optimizer: keras.optimizers.Optimizer):
   step. Used where XLA does not compile the update (it fuses them itself), for
   variables of at least _FUSED_MIN_ELEMENTS.
   """
-  if type(optimizer) is keras.optimizers.Adam and not optimizer.amsgrad:
+  # AdamW is Adam's update_step; its decay is a separate step (_update).
+  if type(optimizer) in (keras.optimizers.Adam, keras.optimizers.AdamW) and (
+      not optimizer.amsgrad):
     def adam(grad, variable, learning_rate):
       index = optimizer._get_variable_index(variable)  # pylint: disable=protected-access
       dtype = variable.dtype
@@ -141,10 +267,26 @@ def _update(strategy, optimizer, grads, variables, jit_compile: bool,
   steps = [fused if fused and variable.shape.num_elements() >= _FUSED_MIN_ELEMENTS
            else optimizer.update_step for variable in variables]
 
+  decayed = [decays(optimizer, variable) for variable in variables]
+  constrained = [getattr(variable, "constraint", None) for variable in variables]
+
   def update_all(*device_grads):
+    # What Keras's apply() does around update_step, in its order: decoupled weight
+    # decay, (Nadam's momentum product), the update, the variables' constraints.
     learning_rate = optimizer.learning_rate
+    for decay, variable in zip(decayed, variables):
+      if decay:
+        variable.assign(variable - variable * tf.cast(optimizer.weight_decay, variable.dtype)
+                        * tf.cast(learning_rate, variable.dtype))
+    if isinstance(optimizer, keras.optimizers.Nadam):  # its _backend_update_step
+      product = optimizer._u_product  # pylint: disable=protected-access
+      product.assign(product * optimizer.beta_1 * (1.0 - 0.5 * tf.pow(
+          0.96, tf.cast(optimizer.iterations + 1, product.dtype))))
     for step, grad, variable in zip(steps, device_grads, variables):
       step(grad, variable, learning_rate)
+    for constraint, variable in zip(constrained, variables):
+      if constraint is not None:
+        variable.assign(constraint(variable))
     optimizer.iterations.assign_add(1)
 
   def on_device(unused_first_variable, *device_grads):

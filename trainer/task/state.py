@@ -5,9 +5,11 @@ by default); float16 adds a loss scale per optimizer. The keys come from
 trainer/task/keys.py and do not depend on Keras's per-process numbering.
 """
 import keras
+import numpy as np
 
 from trainer.task import keys
 from trainer.task import loss_scale as loss_scales
+from trainer.task import optimizers as optimizer_rules
 from trainer.errors import UserError
 
 
@@ -31,6 +33,8 @@ class TaskState:
                         f"call optimizer.build(variables) in build()")
     self.models = keys.model_names(models)
     self.optimizers = keys.optimizer_names(optimizers)
+    for name, optimizer in self.optimizers.items():  # a Task's own ones too
+      optimizer_rules.check_supported(optimizer, f"{type(task).__name__}'s optimizer {name!r}")
     # float16: one dynamic loss scale per optimizer (its updates skip on overflow alone).
     self.loss_scales = {id(optimizer): loss_scales.DynamicLossScale() if float16 else None
                         for optimizer in optimizers}
@@ -45,6 +49,20 @@ class TaskState:
 
   def all_variables(self) -> list:
     return [*self.model_variables.values(), *self.optimizer_variables.values()]
+
+  def describe(self) -> list[str]:
+    """For the start-up log and TensorBoard: every model's parameter count, every
+    optimizer with its weight decay."""
+    lines = []
+    for name, model in self.models.items():
+      trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+      frozen = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables)
+      lines.append(f"model {name}: {trainable + frozen:,} parameters ({trainable:,} trainable, "
+                   f"{frozen:,} not)")
+    for name, optimizer in self.optimizers.items():
+      updated = getattr(optimizer, "_trainable_variables", [])
+      lines.append(f"optimizer {name}: {optimizer_rules.describe(optimizer, updated)}")
+    return lines
 
   def learning_rates(self) -> dict:
     """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer."""

@@ -4,8 +4,10 @@ Pure Python (no TensorFlow import), so a bad value fails in a fraction of a
 second with one line that names the field and the value. Checks that need the
 runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py.
 """
+import ast
 import math
 import os
+import re
 
 import ml_collections
 
@@ -52,10 +54,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
     _positive(config, field)
-  _one_of(config, "train.optimizer", OPTIMIZERS)
+  plugins.resolve("train.optimizer", config.train.optimizer, dict.fromkeys(OPTIMIZERS))
+  optimizer_arguments(config.train)
+  _non_negative(config, "train.weight_decay")
+  _weight_decay_exclude(config.train.weight_decay_exclude)
   _non_negative(config, "train.learning_rate")
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
-  _one_of(config, "train.lr_schedule", LR_SCHEDULES)
+  plugins.resolve("train.lr_schedule", config.train.lr_schedule, dict.fromkeys(LR_SCHEDULES))
   _non_negative(config, "train.warmup_steps")
   if config.train.lr_schedule == "cosine" and config.train.warmup_steps >= config.train.steps:
     raise UserError(f"train.warmup_steps={config.train.warmup_steps} must be below "
@@ -99,6 +104,50 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
   _profile_window(config.runtime.profile_steps)
   _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
+
+
+# Settings of train.optimizer_args that have a field of their own, or that live in Keras's
+# apply() (which distloop does not call: trainer/task/optimizers.py).
+_RESERVED_ARGUMENTS = {
+    "learning_rate": "train.learning_rate (and train.lr_schedule)",
+    "weight_decay": "train.weight_decay",
+    "clipnorm": "train.clip_grad_norm", "global_clipnorm": "train.clip_grad_norm",
+    "clipvalue": "train.clip_grad_norm", "loss_scale_factor": "runtime.mixed_precision",
+}
+
+
+def optimizer_arguments(train_config) -> dict:
+  """train.optimizer_args ("beta_2=0.95,amsgrad=True") as keyword arguments: each value
+  a Python literal, or else the text itself. UserError for a malformed entry or a setting
+  that has its own field."""
+  text = str(train_config.optimizer_args).strip()
+  if text and plugins.is_plugin(train_config.optimizer):
+    raise UserError(f"train.optimizer_args={text!r} applies to a built-in train.optimizer; "
+                    f"{train_config.optimizer!r} builds its own")
+  arguments = {}
+  for entry in [part.strip() for part in text.split(",") if part.strip()]:
+    key, equals, value = (part.strip() for part in entry.partition("="))
+    if not equals or not key.isidentifier():
+      raise UserError(f"train.optimizer_args={text!r}: {entry!r} is not NAME=VALUE")
+    if key in _RESERVED_ARGUMENTS:
+      raise UserError(f"train.optimizer_args={text!r}: set {_RESERVED_ARGUMENTS[key]} "
+                      f"instead of {key}")
+    try:
+      arguments[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      arguments[key] = value
+  return arguments
+
+
+def _weight_decay_exclude(text: str) -> None:
+  for entry in [part.strip() for part in str(text).split(",") if part.strip()]:
+    if entry == "1d":
+      continue
+    try:
+      re.compile(entry)
+    except re.error as error:
+      raise UserError(f"train.weight_decay_exclude={text!r}: {entry!r} is not a regular "
+                      f"expression ({error})") from None
 
 
 def metric_specs(eval_config) -> list[str]:
