@@ -44,6 +44,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.optimizer_args = ""     # built-in optimizers: more keyword arguments, "beta_2=0.95,amsgrad=True"
   config.train.weight_decay = 0.0      # decoupled weight decay (Keras's weight_decay), any built-in optimizer; 0 = none (adamw: Keras's 0.004)
   config.train.weight_decay_exclude = "1d"  # variables never decayed: 1d (rank <= 1: biases, normalization scales) and/or regexes searched in variable paths, comma-separated; "" = none
+  config.train.ema_decay = 0.0         # keep an exponential moving average of the weights (Keras's use_ema, ema_momentum); 0 = off
+  config.train.ema_eval = True         # with a moving average: eval, keep-best and export use it (false: the trained weights)
   config.train.learning_rate = 1e-3    # constant learning rate
   config.train.momentum = 0.9          # momentum and rmsprop only
   config.train.lr_schedule = "constant"  # constant | cosine (warmup, then decay to 0 at train.steps) | step | MODULE:FUNCTION(train_config) -> float or LearningRateSchedule

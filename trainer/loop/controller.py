@@ -373,7 +373,8 @@ class Trainer:
         self._eval_pass = steps.make_eval_pass(
             self.strategy, self.task, self._eval_sums,
             self.strategy.distribute_datasets_from_function(dataset), decode)
-    result = self._eval_sums.result(self._eval_pass())  # host sync
+    with self._served_weights():
+      result = self._eval_sums.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
     self.summaries.flush()
     self._eval_seconds += time.perf_counter() - start
@@ -498,11 +499,19 @@ class Trainer:
     if served.input_spec is None:
       served.input_spec = export.serving_spec(self.features_spec,
                                               self.train_source.feature_name)
-    export.export_saved_model(
-        served, destination,
-        before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
+    with self._served_weights():
+      export.export_saved_model(
+          served, destination,
+          before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
     logging.info("Exported SavedModel to %s", destination)
     return destination
+
+  def _served_weights(self):
+    """What eval and export see: the moving averages (train.ema_decay, or an optimizer of
+    the task with use_ema) unless train.ema_eval=false; training goes on from its own."""
+    if self.config.train.ema_eval:
+      return self.state.averaged_weights()
+    return contextlib.nullcontext()
 
   def close(self) -> None:
     self.train_state.close()

@@ -13,6 +13,7 @@ variable constraints, Nadam's momentum product) or refused in one line
 (`check_supported`: Keras-side clipping, EMA, accumulation, loss scaling, a class
 that overrides the apply path), so nothing is silently skipped.
 """
+import contextlib
 import re
 import weakref
 
@@ -82,6 +83,8 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
       arguments.setdefault("momentum", train_config.momentum)
     if train_config.weight_decay:
       arguments["weight_decay"] = train_config.weight_decay
+    if train_config.ema_decay:
+      arguments.update(use_ema=True, ema_momentum=train_config.ema_decay)
     cls = getattr(keras.optimizers, _CLASSES[spec])
     try:
       optimizer = cls(learning_rate=learning_rate(train_config), **arguments)
@@ -99,8 +102,8 @@ _APPLY_SETTINGS = {
     "clipvalue": "distloop clips by global norm only: set train.clip_grad_norm",
     "global_clipnorm": "set train.clip_grad_norm instead (distloop clips after its one "
                        "all-reduce)",
-    "use_ema": "Keras averages in optimizer.apply(), which distloop does not call (it would "
-               "all-reduce the gradients again); keep the average in your Task",
+    "ema_overwrite_frequency": "distloop keeps the average apart and evaluates and exports "
+                               "it (train.ema_eval); it does not overwrite the weights",
     "gradient_accumulation_steps": "Keras accumulates in optimizer.apply(), which distloop "
                                    "does not call",
     "loss_scale_factor": "set runtime.mixed_precision=float16: distloop scales the loss "
@@ -126,8 +129,7 @@ def check_supported(optimizer, where: str) -> None:
                     f"itself (float16 loss scaling: runtime.mixed_precision)")
   for setting, instead in _APPLY_SETTINGS.items():
     value = getattr(optimizer, setting, None)
-    unused = (False,) if setting == "use_ema" else (
-        (None, 1) if setting == "gradient_accumulation_steps" else (None,))
+    unused = (None, 1) if setting == "gradient_accumulation_steps" else (None,)
     if value not in unused:
       raise UserError(f"{where}: {name}({setting}={value!r}) is not supported: {instead}")
   for method in _APPLY_PATH:
@@ -168,14 +170,49 @@ def decays(optimizer, variable) -> bool:
   return not (excluded and excluded(variable))
 
 
+def averages_of(optimizer, variables) -> list:
+  """The moving averages (Keras's use_ema slots) of `variables`, or [] without use_ema."""
+  if not getattr(optimizer, "use_ema", False):
+    return []
+  averages = optimizer._model_variables_moving_average  # pylint: disable=protected-access
+  return [averages[optimizer._get_variable_index(variable)]  # pylint: disable=protected-access
+          for variable in variables]
+
+
+@contextlib.contextmanager
+def averaged_weights(optimizers):
+  """Inside: every variable an optimizer with use_ema updates holds its moving average;
+  after: its own value again (eval, keep-best and export see the average, training goes
+  on from the weights it trained). Cross-replica context: each assignment reaches every
+  replica's copy."""
+  pairs = [(variable, average) for optimizer in optimizers
+           for variable, average in zip(
+               getattr(optimizer, "_trainable_variables", []),
+               averages_of(optimizer, getattr(optimizer, "_trainable_variables", [])))]
+  if not pairs:
+    yield
+    return
+  trained = [tf.identity(variable.value) for variable, _ in pairs]
+  for variable, average in pairs:
+    variable.assign(average.value)
+  try:
+    yield
+  finally:
+    for (variable, _), value in zip(pairs, trained):
+      variable.assign(value)
+
+
 def describe(optimizer, variables) -> str:
-  """For the start-up log: 'AdamW(weight_decay=0.004, on 4 of 8 variables)'."""
-  name = type(optimizer).__name__
-  if not getattr(optimizer, "weight_decay", None):
-    return name
-  decayed = sum(decays(optimizer, variable) for variable in variables)
-  return (f"{name}(weight_decay={optimizer.weight_decay:g}, on {decayed} of {len(variables)} "
-          f"variables)")
+  """For the start-up log: 'AdamW(weight_decay=0.004, on 4 of 8 variables; moving average
+  0.999)'."""
+  settings = []
+  if getattr(optimizer, "weight_decay", None):
+    decayed = sum(decays(optimizer, variable) for variable in variables)
+    settings.append(f"weight_decay={optimizer.weight_decay:g}, on {decayed} of "
+                    f"{len(variables)} variables")
+  if getattr(optimizer, "use_ema", False):
+    settings.append(f"moving average {optimizer.ema_momentum:g}")
+  return type(optimizer).__name__ + (f"({'; '.join(settings)})" if settings else "")
 
 
 def apply_reduced_gradients(strategy: tf.distribute.Strategy,
@@ -268,11 +305,13 @@ def _update(strategy, optimizer, grads, variables, jit_compile: bool,
            else optimizer.update_step for variable in variables]
 
   decayed = [decays(optimizer, variable) for variable in variables]
+  averages = averages_of(optimizer, variables)
   constrained = [getattr(variable, "constraint", None) for variable in variables]
 
   def update_all(*device_grads):
     # What Keras's apply() does around update_step, in its order: decoupled weight
-    # decay, (Nadam's momentum product), the update, the variables' constraints.
+    # decay, (Nadam's momentum product), the update, the moving average (use_ema), the
+    # step count, the variables' constraints.
     learning_rate = optimizer.learning_rate
     for decay, variable in zip(decayed, variables):
       if decay:
@@ -284,10 +323,16 @@ def _update(strategy, optimizer, grads, variables, jit_compile: bool,
           0.96, tf.cast(optimizer.iterations + 1, product.dtype))))
     for step, grad, variable in zip(steps, device_grads, variables):
       step(grad, variable, learning_rate)
+    if averages:  # Keras's _update_model_variables_moving_average: the first step copies
+      momentum = tf.cast(tf.not_equal(optimizer.iterations, 0), tf.float32) * (
+          optimizer.ema_momentum)
+      for average, variable in zip(averages, variables):
+        rate = tf.cast(momentum, variable.dtype)
+        average.assign(rate * average + (1 - rate) * variable)
+    optimizer.iterations.assign_add(1)
     for constraint, variable in zip(constrained, variables):
       if constraint is not None:
         variable.assign(constraint(variable))
-    optimizer.iterations.assign_add(1)
 
   def on_device(unused_first_variable, *device_grads):
     # A function per device: a trace captures that device's copies of the variables.

@@ -64,6 +64,10 @@ class TaskState:
       lines.append(f"optimizer {name}: {optimizer_rules.describe(optimizer, updated)}")
     return lines
 
+  def averaged_weights(self):
+    """A context: the moving averages (use_ema) in place of the weights they average."""
+    return optimizer_rules.averaged_weights(list(self.optimizers.values()))
+
   def learning_rates(self) -> dict:
     """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer."""
     if len(self.optimizers) == 1:

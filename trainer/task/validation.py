@@ -57,6 +57,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   plugins.resolve("train.optimizer", config.train.optimizer, dict.fromkeys(OPTIMIZERS))
   optimizer_arguments(config.train)
   _non_negative(config, "train.weight_decay")
+  _in_range(config, "train.ema_decay", 0.0, 1.0, high_inclusive=False)
   _weight_decay_exclude(config.train.weight_decay_exclude)
   _non_negative(config, "train.learning_rate")
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
