@@ -73,6 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint.keep_best = 0      # also keep the N best evals (checkpoint.best_metric) in checkpoints_best/; 0 = off
   config.checkpoint.best_metric = "accuracy"  # keep_best: "loss" or a name from eval.metrics
   config.checkpoint.best_mode = "max"  # keep_best: max (higher is better) | min
+  config.checkpoint.early_stop_patience = 0  # train_and_eval: stop once best_metric has not improved for this many evals in a row; 0 = off
+  config.checkpoint.early_stop_min_delta = 0.0  # early stopping: an improvement smaller than this does not count
   config.checkpoint.init_from = ""     # warm start: a model_dir or checkpoints/<step> to take weights from
   config.checkpoint.init_partial = False  # init_from: load only the variables whose name and shape match (a new head), list the rest; false = refuse any mismatch
   config.checkpoint.if_unreadable = "stop"  # no checkpoint readable: stop (exit 2, nothing moved) | start_over (set them aside in checkpoints_corrupt/, train from step 0)

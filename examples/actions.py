@@ -1,5 +1,8 @@
 """Two Actions in one file: a CSV log of every metric, and early stopping.
 
+(Both are built in too -- model_dir/metrics.csv and checkpoint.early_stop_patience; these
+show how an Action of your own is written.)
+
   python -m trainer --config=synthetic --model_dir=/tmp/distloop/early \
       --config.eval.interval=50 --config.train.steps=2000 \
       --config.train.actions=examples/actions.py:csv_log,examples/actions.py:early_stop
@@ -16,14 +19,15 @@ import trainer
 
 
 def csv_log(config):
-  """model_dir/metrics.csv: one row per loop boundary (train) and per eval, by the chief."""
+  """model_dir/my_metrics.csv: one row per loop boundary (train) and per eval, by the chief.
+  (distloop writes metrics.csv itself; this is how an Action writes a file of its own.)"""
   del config
 
   def write(boundary):
     if not boundary.is_chief:
       return
     rows = [("train", boundary.train)] + ([("eval", boundary.eval)] if boundary.evaluated else [])
-    path = os.path.join(boundary.model_dir, "metrics.csv")
+    path = os.path.join(boundary.model_dir, "my_metrics.csv")
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
       writer = csv.writer(f)

@@ -62,7 +62,7 @@ def test_csv_log_and_early_stop_example(tmp_path):
       "config.data.num_train_examples, config.data.num_eval_examples = 512, 200")
   summary = train_ok(tmp_path / "run", f"--config={config}", "--mode=train_and_eval")
   assert summary["step"] == 20 and summary["stopped_early_by"] == "early_stop"
-  rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+  rows = (tmp_path / "run" / "my_metrics.csv").read_text().splitlines()
   assert rows[0] == "step,split,name,value"
   assert any(row.startswith("10,eval,loss,") for row in rows)
   assert any(row.startswith("20,train,accuracy,") for row in rows)
@@ -107,14 +107,19 @@ def _two_workers(model_dir, *flags):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decider", ["stop_on_worker_1_at_40", "early_stop"])
+@pytest.mark.parametrize("decider", ["stop_on_worker_1_at_40", "early_stop",
+                                     "checkpoint.early_stop_patience"])
 def test_two_workers_stop_together_where_one_decides(tmp_path, decider):
   """Only worker 1 decides (or both, from the same eval): the decision is agreed, every
   worker stops at step 40, exit 0, with the final checkpoint, eval and export."""
   from tests.processes import loopback_unavailable  # pylint: disable=g-import-not-at-top
   if loopback_unavailable():
     pytest.skip(loopback_unavailable())
-  if decider == "early_stop":
+  if decider == "checkpoint.early_stop_patience":  # the built-in: loss within 10 is no gain
+    flags = ["--config.checkpoint.early_stop_patience=1", "--config.checkpoint.best_metric=loss",
+             "--config.checkpoint.best_mode=min", "--config.checkpoint.early_stop_min_delta=10",
+             "--config.eval.interval=20", "--mode=train_and_eval"]
+  elif decider == "early_stop":
     flags = [f"--config={_early_stop_config(tmp_path)}",
              f"--config.train.actions={_EXAMPLE}:early_stop",
              "--config.eval.interval=20", "--mode=train_and_eval"]

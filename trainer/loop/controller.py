@@ -31,6 +31,7 @@ from trainer.cluster import preemption
 from trainer.cluster import runtime
 from trainer.cluster.agreement import Agreement
 from trainer.loop import actions as actions_module
+from trainer.loop import metrics_log
 from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.loop import steps
@@ -137,8 +138,8 @@ class Trainer:
     self._eval_sums = steps.Sums(eval_names)
     self._train_names = [name for name in train_names if name != "regularization_loss"]
     self._eval_names = eval_names
-    if (config.checkpoint.keep_best and not read_only
-        and config.checkpoint.best_metric not in eval_names):
+    if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
+        and not read_only and config.checkpoint.best_metric not in eval_names):
       raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not "
                       f"reported by the eval step (choose from: "
                       f"{', '.join(eval_names) or 'none: the task has no eval_step'})")
@@ -151,6 +152,7 @@ class Trainer:
                                   read_only=read_only)
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
+    self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
                                             trace=self.is_chief)
     replica_step = steps.make_replica_step(self.task, self._train_sums, step_context,
@@ -188,6 +190,7 @@ class Trainer:
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
     self._schedule = schedule
     schedule.at_phase("restored", self._boundary(position.step, {}))
+    self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     if self.is_chief:
@@ -289,12 +292,16 @@ class Trainer:
         self._save_if_due, every_steps=config.checkpoint.interval, at_end=True,
         every_seconds=config.checkpoint.interval_seconds, name="checkpoint",
         clock=self._clock)
+    self._early_stop = actions_module.Action(
+        self._stop_if_no_better, after_eval=True,
+        name="early_stop") if config.checkpoint.early_stop_patience else None
     return [
         actions_module.Action(self._report_progress, every_boundary=True, name="progress"),
         profiling.ProfileAction(self.profiler),
         actions_module.Action(self._evaluate_at_boundary, every_steps=eval_interval,
                               at_end=True, name="eval"),
         actions_module.Action(self._keep_if_best, after_eval=True, name="keep_best"),
+        *([self._early_stop] if self._early_stop else []),
     ]
 
   def _actions_in_order(self, eval_interval: int) -> list:
@@ -307,7 +314,7 @@ class Trainer:
     early here (an action decided "stop": agreed by every worker)."""
     boundary = self._boundary(position.step, train_metrics)
     self._position = position
-    user = set(map(id, self._user_actions))
+    deciding = {id(action) for action in [*self._user_actions, self._early_stop] if action}
     decided, user_ran = {}, False
     for action in schedule.actions:
       if action is self._save_by_clock:
@@ -316,7 +323,7 @@ class Trainer:
                         clock_due=schedule.clock_due(action, clock_bits)):
         continue
       decision = action.run(boundary)
-      if id(action) in user:
+      if id(action) in deciding:
         user_ran = True
         if decision:
           decided.setdefault(decision, action.name)
@@ -376,6 +383,8 @@ class Trainer:
     with self._served_weights():
       result = self._eval_sums.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
+    self.metrics_log.write(step, "eval", {name: result[name]
+                                          for name in [*self._eval_names, "examples"]})
     self.summaries.flush()
     self._eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step,
@@ -411,18 +420,39 @@ class Trainer:
   def _keep_if_best(self, boundary) -> None:
     self.train_state.keep_best(self._position, boundary.eval)
 
+  def _stop_if_no_better(self, boundary) -> str | None:
+    """checkpoint.early_stop_patience: "stop" once checkpoint.best_metric has not beaten
+    its best by early_stop_min_delta for that many evals in a row. The count lives in
+    the checkpoints (train_state.action_state): a resumed run goes on counting."""
+    settings = self.config.checkpoint
+    value = boundary.eval[settings.best_metric]
+    state = self.train_state.action_state.setdefault(
+        "early_stop", {"best": None, "best_step": None, "evals_since": 0})
+    best, delta = state["best"], settings.early_stop_min_delta
+    if best is None or (value < best - delta if settings.best_mode == "min"
+                        else value > best + delta):
+      state.update(best=value, best_step=boundary.step, evals_since=0)
+      return None
+    state["evals_since"] += 1
+    logging.info("early stop: %s %.4f at step %d is no better than %.4f (step %d), %d of %d "
+                 "evals", settings.best_metric, value, boundary.step, best, state["best_step"],
+                 state["evals_since"], settings.early_stop_patience)
+    return "stop" if state["evals_since"] >= settings.early_stop_patience else None
+
   def _report_progress(self, boundary) -> None:
     """The progress line and TensorBoard's train scalars of the loop that just ended."""
     step, metrics = boundary.step, boundary.train
     num_steps, loop_seconds = self._last_loop
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
     learning_rates = self.state.learning_rates()  # the rates of the next step
-    self.summaries.scalars("train", step, {
+    reported = {
         **{name: metrics[name] for name in self._train_sums.names},
         **learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
         **{name.replace("grad_norm", "gradient_norm"): metrics[name]
-           for name in self._train_sums.norm_names if name in metrics}})
+           for name in self._train_sums.norm_names if name in metrics}}
+    self.summaries.scalars("train", step, reported)
+    self.metrics_log.write(step, "train", reported)
     rates = " ".join(f"{rate:.3g}" for rate in learning_rates.values())
     progress.show(step, self.config.train.steps,
                   f"{_metrics_line(metrics, self._train_names)} | lr {rates} | "
@@ -468,6 +498,7 @@ class Trainer:
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
     self._rollbacks += 1
+    self.metrics_log.restart_at(restored.step)
     logging.warning("%s %s: rolled back to step %d and skipped the data up to example %d "
                     "(rollback %d of %d)", what, where, restored.step, reached.examples,
                     self._rollbacks, self.config.train.max_rollbacks)

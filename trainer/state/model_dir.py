@@ -116,6 +116,10 @@ def summary_path(model_dir: str) -> str:
   return os.path.join(model_dir, "summary.json")
 
 
+def metrics_csv_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "metrics.csv")
+
+
 def config_path(model_dir: str) -> str:
   return os.path.join(model_dir, "config.json")
 

@@ -19,6 +19,7 @@ right, whatever the loop decides, is here:
 It holds plain dicts of checkpoint key -> variable (the task's TaskState gives
 them), so state/ needs nothing from the task or the loop. Only the chief writes.
 """
+import copy
 import dataclasses
 import os
 import time
@@ -63,6 +64,9 @@ class TrainState:
     self._optimizer_variables = optimizer_variables
     self._agreement = agreement
     self._read_only = read_only
+    # What the built-in actions must carry across a resume (early stopping's patience),
+    # JSON, saved in each checkpoint's meta and read back with its step.
+    self.action_state: dict = {}
     writer = is_chief and not read_only
     self.checkpoints = checkpoints.Checkpoints(
         layout.checkpoint_dir(model_dir), max_to_keep=config.checkpoint.max_to_keep,
@@ -168,6 +172,7 @@ class TrainState:
       return None, problem
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
+    self.action_state = copy.deepcopy(meta.get("actions", {}))
     return Position(step, int(meta["examples_consumed"])), None
 
   def _set_aside(self, unreadable: list, *, instead: str) -> None:
@@ -228,7 +233,7 @@ class TrainState:
       raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
                            f"({self.last_checkpoint_words()})")
     meta = {"step": position.step, "examples_consumed": position.examples,
-            "config": self._config.to_dict()}
+            "config": self._config.to_dict(), "actions": copy.deepcopy(self.action_state)}
     return model_tree, optimizer_tree, meta
 
   # -- what is there --------------------------------------------------------------

@@ -84,8 +84,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "checkpoint.keep_period")
   _non_negative(config, "checkpoint.keep_best")
   _one_of(config, "checkpoint.best_mode", BEST_MODES)
+  _non_negative(config, "checkpoint.early_stop_patience")
+  _non_negative(config, "checkpoint.early_stop_min_delta")
   reported = ["loss"] + [plugins.name_of(spec) for spec in metric_specs(config.eval)]
-  if (config.checkpoint.keep_best and config.checkpoint.best_metric not in reported
+  if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
+      and config.checkpoint.best_metric not in reported
       and not config.train.task):  # a Task's eval names are known once it is traced
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
