@@ -38,6 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.steps = 300             # total optimizer steps of the run
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
+  config.train.accumulation_steps = 1  # the built-in step: each replica's batch as this many micro-batches, gradients summed, one reduction and one update per step
   config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION
   config.train.from_logits = "auto"    # cross-entropies: "auto" (a final softmax/sigmoid -> probabilities, else logits) | "true" (logits) | "false" (probabilities)
   config.train.optimizer = "adam"      # sgd | momentum | adam | adamw | adamax | nadam | rmsprop | adagrad | adadelta | adafactor | ftrl | lamb | lion | MODULE:FUNCTION(train_config) -> keras optimizer

@@ -110,7 +110,8 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
   preemption.reinstall()  # a multi-worker runtime installs a SIGTERM handler of its own
-  runtime.check_batch_divisible(strategy, config.train.global_batch_size)
+  runtime.check_batch_divisible(strategy, config.train.global_batch_size,
+                                config.train.accumulation_steps)
   memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
                        eval_batch=config.eval.global_batch_size,
                        processes=runtime.num_workers(strategy))

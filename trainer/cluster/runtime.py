@@ -175,11 +175,16 @@ def communication_options(runtime_config: ml_collections.ConfigDict):
       bytes_per_pack=runtime_config.all_reduce_bytes_per_pack, implementation=implementation)
 
 
-def check_batch_divisible(strategy: tf.distribute.Strategy, global_batch_size: int) -> None:
+def check_batch_divisible(strategy: tf.distribute.Strategy, global_batch_size: int,
+                          accumulation_steps: int = 1) -> None:
   replicas = strategy.num_replicas_in_sync
   if global_batch_size % replicas:
     raise UserError(f"train.global_batch_size={global_batch_size} is not divisible by the "
                     f"{replicas} replicas in sync")
+  if global_batch_size % (replicas * accumulation_steps):
+    raise UserError(f"train.global_batch_size={global_batch_size} is not divisible into "
+                    f"train.accumulation_steps={accumulation_steps} micro-batches on each of "
+                    f"the {replicas} replica(s)")
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

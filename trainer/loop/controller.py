@@ -207,6 +207,11 @@ class Trainer:
                  config.runtime.strategy, runtime.cpu_kernels(),
                  f", {threads} thread(s) per op" if threads else "", position.step, total)
     described = self.state.describe()
+    if config.train.accumulation_steps > 1:
+      micro = batch_size // self.strategy.num_replicas_in_sync // config.train.accumulation_steps
+      described.append(f"each step: {config.train.accumulation_steps} micro-batches of {micro} "
+                       f"per replica, gradients summed, one reduction (global batch "
+                       f"{batch_size})")
     for line in described:
       logging.info("%s", line)
     self.summaries.text(position.step, "model", "\n\n".join(described))

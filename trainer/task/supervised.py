@@ -51,6 +51,7 @@ class SupervisedTask(contract.Task):
                         eval_source)
     self.optimizer = context.optimizer(self.model.trainable_variables)
     self._loss_name = config.train.loss
+    self._accumulation_steps = config.train.accumulation_steps
     self._features_spec = context.features_spec
     self._feature_name = train_source.feature_name
 
@@ -58,26 +59,66 @@ class SupervisedTask(contract.Task):
     features, labels = batch
     variables = self.model.trainable_variables
 
-    def forward_backward(features, labels):
+    def forward_backward(features, labels, regularization_weight=1.0):
       with tf.GradientTape() as tape:
         outputs = _outputs(self.model, features, training=True)
         per_example_loss = self._loss(labels, outputs)
         regularization = None
         if self.model.losses:  # the whole model's term, once per step
           regularization = tf.cast(tf.add_n(self.model.losses), tf.float32)
-        loss = step.replica_loss(per_example_loss, regularization)
+        loss = step.replica_loss(per_example_loss, None if regularization is None
+                                 else regularization * regularization_weight)
       return (step.gradients(self.optimizer, tape, loss, variables), per_example_loss, outputs,
               regularization)
 
     if step.jit_compile:  # several replicas under XLA: forward and backward compiled apart
       forward_backward = tf.function(forward_backward, jit_compile=True, autograph=False)
-    grads, per_example_loss, outputs, regularization = forward_backward(features, labels)
-    step.apply_gradients(self.optimizer, grads, variables)
+    if self._accumulation_steps > 1:
+      grads, values = self._accumulate(forward_backward, features, labels)
+    else:
+      grads, per_example_loss, outputs, regularization = forward_backward(features, labels)
+      values = self._values(labels, outputs, per_example_loss, regularization)
+    step.apply_gradients(self.optimizer, grads, variables)  # once per step, k or not
+    return values
+
+  def _values(self, labels, outputs, per_example_loss, regularization) -> dict:
     if regularization is None:
       regularization = tf.constant(0.0)
     return {"loss": per_example_loss + regularization,  # as differentiated
             "regularization_loss": regularization,
             **{name: fn(labels, outputs) for name, fn in self._metrics.items()}}
+
+  def _accumulate(self, forward_backward, features, labels):
+    """train.accumulation_steps = k: the replica's batch as k micro-batches, one after the
+    other in a tf.while_loop (only one micro-batch's activations alive at a time), their
+    gradients summed. Each micro-batch's loss is already divided by the global batch, so
+    the sum is the whole batch's gradient, which apply_gradients then reduces once.
+    model.losses count once per step (on the first micro-batch); per-example values come
+    back in the batch's order."""
+    k = self._accumulation_steps
+    split = lambda tensor: tf.reshape(tensor, [k, -1, *tensor.shape[1:]])
+    features, labels = tf.nest.map_structure(split, (features, labels))
+    variables = self.model.trainable_variables
+    names = ["loss", "regularization_loss", *self._metrics]
+
+    def body(i, sums, gathered):
+      micro_features, micro_labels = tf.nest.map_structure(lambda t: t[i], (features, labels))
+      grads, per_example_loss, outputs, regularization = forward_backward(
+          micro_features, micro_labels, tf.cast(tf.equal(i, 0), tf.float32))
+      values = self._values(micro_labels, outputs, per_example_loss, regularization)
+      sums = [total + tf.convert_to_tensor(grad) for total, grad in zip(sums, grads)]
+      gathered = [array.write(i, tf.cast(values[name], tf.float32))
+                  for name, array in zip(names, gathered)]
+      return i + 1, sums, gathered
+
+    _, sums, gathered = tf.while_loop(
+        lambda i, *_: i < k, body,
+        (tf.constant(0), [tf.zeros_like(v.value) for v in variables],
+         [tf.TensorArray(tf.float32, size=k) for _ in names]),
+        name="accumulate_micro_batches")
+    values = {name: tf.reshape(array.stack(), [-1]) for name, array in zip(names, gathered)}
+    values["regularization_loss"] = values["regularization_loss"][0]  # the same in each
+    return sums, values
 
   def eval_step(self, batch) -> dict:
     features, labels = batch

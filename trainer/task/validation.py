@@ -52,8 +52,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "train.from_logits", ("auto", "true", "false"))
   _metrics(config)
 
-  for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop"):
+  for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop",
+                "train.accumulation_steps"):
     _positive(config, field)
+  if config.train.task and config.train.accumulation_steps != 1:
+    raise UserError(f"train.accumulation_steps={config.train.accumulation_steps} applies to the "
+                    f"built-in step; a Task ({config.train.task}) accumulates in its own "
+                    f"train_step (sum step.gradients over micro-batches, then one "
+                    f"step.apply_gradients)")
   plugins.resolve("train.optimizer", config.train.optimizer, dict.fromkeys(OPTIMIZERS))
   optimizer_arguments(config.train)
   _non_negative(config, "train.weight_decay")
