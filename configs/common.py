@@ -87,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.deterministic = False # bit-reproducible kernels (tf.config.experimental.enable_op_determinism)
   config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
   config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
+  config.runtime.mlflow_uri = ""       # also log params, metrics and the export to this MLflow tracking URI (http://HOST:PORT, file:DIR, ...); needs pip install -e '.[mlflow]'; "" = off
+  config.runtime.mlflow_experiment = "distloop"  # mlflow_uri: the MLflow experiment of the run
   config.runtime.profile_steps = ""   # "START,END": a tf.profiler trace of those steps into tensorboard/
   config.runtime.jit_compile = "auto"  # XLA for the whole step: "true" | "false" | "auto" (= on GPU/TPU, off on CPU: measured)
   config.runtime.mixed_precision = "float32"  # float32 | bfloat16 | float16 (with dynamic loss scaling)

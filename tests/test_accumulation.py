@@ -28,7 +28,8 @@ def _weights(tmp_path, accumulation: int, replicas: int) -> dict:
   return checkpoint_arrays(model_dir, 20)
 
 
-@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2])
 def test_four_micro_batches_of_16_equal_one_batch_of_64(tmp_path, replicas):
   whole = _weights(tmp_path, 1, replicas)
   accumulated = _weights(tmp_path, 4, replicas)

@@ -39,6 +39,7 @@ def test_stops_at_the_eval_its_patience_names_with_checkpoint_and_export(tmp_pat
   assert evals == [10, 20, 30, 40]
 
 
+@pytest.mark.slow
 def test_an_improving_metric_does_not_stop_the_run(tmp_path):
   """The loss of the seed CNN on synthetic data falls at every eval of a short run: with
   no minimum gain the run goes to train.steps. Catches: improvement compared the wrong
@@ -48,6 +49,7 @@ def test_an_improving_metric_does_not_stop_the_run(tmp_path):
   assert summary["step"] == 40 and "stopped_early_by" not in summary
 
 
+@pytest.mark.slow
 def test_the_count_survives_a_resume(tmp_path):
   """20 steps (evals 10: the best, 20: one without a gain), then a second process to 200 with
   patience 3: it stops at 40 (evals 30, 40 without a gain). Catches: the count kept in
@@ -67,6 +69,7 @@ def test_early_stopping_without_evals_during_training_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_metrics_csv_logs_each_step_once_across_a_crash(tmp_path):
   """SIGKILL after the step-30 boundary was logged but only step 20 was checkpointed: the
   resumed run trains 21..30 again and logs them once. Catches: appending blindly (step

@@ -305,6 +305,7 @@ def test_every_kind_of_optimizer_state_resumes_exactly(tmp_path, name):
   assert_same_state(checkpoint_arrays(tmp_path / "resumed", 40), whole, atol=0)
 
 
+@pytest.mark.slow
 def test_the_moving_average_is_evaluated_and_exported_and_training_goes_on_from_the_weights(
     tmp_path):
   """train.ema_decay from the command line: the export holds the checkpoint's moving

@@ -132,6 +132,7 @@ def test_gan_under_float16_scales_each_optimizer_apart(tmp_path):
   assert scales == ["optimizer/loss_scale/adam/scale", "optimizer/loss_scale/adam_1/scale"]
 
 
+@pytest.mark.slow
 def test_distillation_keeps_the_teacher_bit_identical_and_the_student_learns(tmp_path):
   distill = _outside(tmp_path, _DISTILL)
   teacher = tmp_path / "teacher"

@@ -32,6 +32,7 @@ from trainer.cluster import runtime
 from trainer.cluster.agreement import Agreement
 from trainer.loop import actions as actions_module
 from trainer.loop import metrics_log
+from trainer.loop import mlflow_log
 from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.loop import steps
@@ -153,6 +154,8 @@ class Trainer:
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)
+    self.mlflow_log = mlflow_log.MlflowLog(config.runtime, model_dir,
+                                           enabled=self.is_chief and not read_only)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
                                             trace=self.is_chief)
     replica_step = steps.make_replica_step(self.task, self._train_sums, step_context,
@@ -191,6 +194,7 @@ class Trainer:
     self._schedule = schedule
     schedule.at_phase("restored", self._boundary(position.step, {}))
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
+    self.mlflow_log.start(config.to_dict())
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     if self.is_chief:
@@ -263,7 +267,8 @@ class Trainer:
       eval_metrics = self.evaluate(position.step)
       if watcher.stop_agreed():
         raise Preempted(position.step)
-    self.export(position.step)  # a signal from here on: finish (seconds) and exit 0
+    exported = self.export(position.step)  # a signal from here on: finish (seconds), exit 0
+    self.mlflow_log.finish(exported)
     summary = {
         "step": position.step,
         # The built-in task's train_loss is the data loss + the regularization, as trained.
@@ -388,8 +393,8 @@ class Trainer:
     with self._served_weights():
       result = self._eval_sums.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
-    self.metrics_log.write(step, "eval", {name: result[name]
-                                          for name in [*self._eval_names, "examples"]})
+    self._log_metrics(step, "eval", {name: result[name]
+                                     for name in [*self._eval_names, "examples"]})
     self.summaries.flush()
     self._eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step,
@@ -421,6 +426,11 @@ class Trainer:
       raise Preempted(position.step, unsaved=str(e),
                       last_complete=self.train_state.latest_step()) from None
     raise Preempted(position.step)
+
+  def _log_metrics(self, step: int, split: str, values: dict) -> None:
+    """metrics.csv, and MLflow with runtime.mlflow_uri (TensorBoard has them already)."""
+    self.metrics_log.write(step, split, values)
+    self.mlflow_log.write(step, split, values)
 
   def _keep_if_best(self, boundary) -> None:
     self.train_state.keep_best(self._position, boundary.eval)
@@ -457,7 +467,7 @@ class Trainer:
         **{name.replace("grad_norm", "gradient_norm"): metrics[name]
            for name in self._train_sums.norm_names if name in metrics}}
     self.summaries.scalars("train", step, reported)
-    self.metrics_log.write(step, "train", reported)
+    self._log_metrics(step, "train", reported)
     rates = " ".join(f"{rate:.3g}" for rate in learning_rates.values())
     progress.show(step, self.config.train.steps,
                   f"{_metrics_line(metrics, self._train_names)} | lr {rates} | "

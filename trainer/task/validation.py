@@ -5,6 +5,7 @@ second with one line that names the field and the value. Checks that need the
 runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py.
 """
 import ast
+import importlib.util
 import math
 import os
 import re
@@ -114,6 +115,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
   _profile_window(config.runtime.profile_steps)
   _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
+  if config.runtime.mlflow_uri and importlib.util.find_spec("mlflow") is None:
+    raise UserError(f"runtime.mlflow_uri={config.runtime.mlflow_uri!r} needs the MLflow client: "
+                    f"pip install -e '.[mlflow]' (or pip install mlflow-skinny)")
 
 
 # Settings of train.optimizer_args that have a field of their own, or that live in Keras's

@@ -1,0 +1,116 @@
+"""runtime.mlflow_uri: the run's params, metrics and export in an MLflow tracking server.
+
+The chief logs, through `MlflowClient` (no process-wide active run, so trainer.run in a
+notebook leaves none behind): the resolved config as params when the MLflow run is created,
+every value metrics.csv gets (`train/loss`, `eval/accuracy`, ... at their step), and at the
+end the SavedModel as artifacts under `export/`. The MLflow run's id is kept in
+model_dir/mlflow_run.json, so a resumed distloop run goes on logging into the same MLflow run.
+
+An optional extra (`pip install -e '.[mlflow]'`, the mlflow-skinny client): asking for it
+without the client installed is refused before anything runs (trainer/task/validation.py). A server that cannot be
+reached at the start is refused in one line (exit 2); one that fails mid-run costs a
+warning, never the training.
+"""
+import json
+import os
+import time
+
+from absl import logging
+
+from trainer.errors import UserError
+
+# Fail fast instead of MLflow's default of minutes of retries.
+_CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+class MlflowLog:
+  """One distloop run's MLflow run; on other workers, or with no URI, does nothing."""
+
+  def __init__(self, runtime_config, model_dir: str, *, enabled: bool):
+    self._uri = runtime_config.mlflow_uri
+    self._experiment = runtime_config.mlflow_experiment
+    self._model_dir = model_dir
+    self._enabled = enabled and bool(self._uri)
+    self._client = self._run_id = None
+
+  def start(self, config_dict: dict) -> None:
+    """Creates the MLflow run (params: the flattened config), or reopens the one this
+    model_dir logged into before. UserError if the server cannot be reached."""
+    if not self._enabled:
+      return
+    for key, value in _CLIENT_SETTINGS.items():
+      os.environ.setdefault(key, value)
+    from mlflow import MlflowClient  # pylint: disable=g-import-not-at-top  (optional extra)
+    from mlflow.entities import Param  # pylint: disable=g-import-not-at-top
+    path = os.path.join(self._model_dir, "mlflow_run.json")
+    try:
+      self._client = MlflowClient(tracking_uri=self._uri)
+      known = _read(path)
+      if known.get("tracking_uri") == self._uri:
+        self._run_id = known["run_id"]
+        self._client.update_run(self._run_id, status="RUNNING")
+        logging.info("MLflow: logging on into run %s at %s", self._run_id, self._uri)
+        return
+      experiment = self._client.get_experiment_by_name(self._experiment)
+      experiment_id = (experiment.experiment_id if experiment is not None
+                       else self._client.create_experiment(self._experiment))
+      run = self._client.create_run(
+          experiment_id, run_name=os.path.basename(os.path.normpath(self._model_dir)),
+          tags={"distloop.model_dir": os.path.abspath(self._model_dir)})
+      self._run_id = run.info.run_id
+      params = [Param(key, str(value)[:6000]) for key, value in _flatten(config_dict).items()]
+      for start in range(0, len(params), 100):  # MLflow's limit per batch
+        self._client.log_batch(self._run_id, params=params[start:start + 100])
+    except Exception as error:  # pylint: disable=broad-except  (any client or HTTP failure)
+      raise UserError(f"runtime.mlflow_uri={self._uri!r}: cannot log to MLflow "
+                      f"({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+    with open(path + ".tmp", "w") as f:
+      json.dump({"tracking_uri": self._uri, "run_id": self._run_id}, f)
+    os.replace(path + ".tmp", path)
+    logging.info("MLflow: run %s in experiment %r at %s", self._run_id, self._experiment,
+                 self._uri)
+
+  def write(self, step: int, split: str, values: dict) -> None:
+    if self._run_id is None:
+      return
+    from mlflow.entities import Metric  # pylint: disable=g-import-not-at-top
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"{split}/{name}", float(value), now, step)
+               for name, value in values.items()]
+    self._call(self._client.log_batch, self._run_id, metrics=metrics)
+
+  def finish(self, export_dir: str | None) -> None:
+    """The SavedModel as artifacts under export/<step>/; the MLflow run ends FINISHED."""
+    if self._run_id is None:
+      return
+    if export_dir and os.path.isdir(export_dir):
+      self._call(self._client.log_artifacts, self._run_id, export_dir,
+                 f"export/{os.path.basename(export_dir)}")
+    self._call(self._client.set_terminated, self._run_id, "FINISHED")
+
+  def _call(self, method, *args, **kwargs) -> None:
+    try:
+      method(*args, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
+      logging.warning("MLflow: %s failed (%s: %s); logging to MLflow stops here, training "
+                      "goes on", method.__name__, type(error).__name__,
+                      str(error).splitlines()[0][:200])
+      self._run_id = None
+
+
+def _read(path: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
