@@ -193,12 +193,12 @@ class Trainer:
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
     self._schedule = schedule
     schedule.at_phase("restored", self._boundary(position.step, {}))
-    self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
-    self.mlflow_log.start(config.to_dict())
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
+    self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
+    self.mlflow_log.start(config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())

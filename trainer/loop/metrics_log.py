@@ -11,6 +11,7 @@ import csv
 import os
 
 from trainer.state import model_dir as layout
+from trainer.state import storage
 
 HEADER = ["step", "split", "name", "value"]
 
@@ -23,24 +24,39 @@ class MetricsLog:
     self._enabled = enabled
 
   def restart_at(self, step: int) -> None:
-    """Keeps the rows up to `step` (the restored one; 0: a fresh start keeps none)."""
-    if not self._enabled:
+    """Keeps the rows up to `step` (the restored one); nothing to do for a fresh start."""
+    if not self._enabled or not os.path.exists(self.path):
       return
-    kept = []
-    if os.path.exists(self.path):
-      with open(self.path, newline="") as f:
-        kept = [row for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step]
+    with open(self.path, newline="") as f:
+      kept = [row for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step]
     temporary = self.path + ".tmp"
-    with open(temporary, "w", newline="") as f:
-      writer = csv.writer(f)
-      writer.writerow(HEADER)
-      writer.writerows(kept)
-    os.replace(temporary, self.path)
+    try:
+      with open(temporary, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(HEADER)
+        writer.writerows(kept)
+      os.replace(temporary, self.path)
+    except OSError as error:
+      if os.path.exists(temporary):
+        os.remove(temporary)
+      raise self._failure(error) from None
 
   def write(self, step: int, split: str, values: dict) -> None:
     if not self._enabled or not values:
       return
-    with open(self.path, "a", newline="") as f:
-      writer = csv.writer(f)
-      for name, value in values.items():
-        writer.writerow([step, split, name, repr(float(value))])
+    try:
+      new = not os.path.exists(self.path)
+      with open(self.path, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+          writer.writerow(HEADER)
+        for name, value in values.items():
+          writer.writerow([step, split, name, repr(float(value))])
+    except OSError as error:
+      raise self._failure(error) from None
+
+  def _failure(self, error: OSError) -> Exception:
+    """A full disk or a denied write: the one line (StorageError); anything else as is."""
+    if storage.reason(error) is None:
+      return error
+    return storage.failure("metrics.csv", self.path, error)
