@@ -18,6 +18,7 @@ import time
 from absl import logging
 
 from trainer.errors import UserError
+from trainer.loop import summaries
 
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
@@ -58,7 +59,8 @@ class MlflowLog:
           experiment_id, run_name=os.path.basename(os.path.normpath(self._model_dir)),
           tags={"distloop.model_dir": os.path.abspath(self._model_dir)})
       self._run_id = run.info.run_id
-      params = [Param(key, str(value)[:6000]) for key, value in _flatten(config_dict).items()]
+      params = [Param(key, str(value)[:6000])
+                for key, value in summaries.flatten_config(config_dict).items()]
       for start in range(0, len(params), 100):  # MLflow's limit per batch
         self._client.log_batch(self._run_id, params=params[start:start + 100])
     except Exception as error:  # pylint: disable=broad-except  (any client or HTTP failure)
@@ -104,13 +106,3 @@ def _read(path: str) -> dict:
       return json.load(f)
   except (OSError, ValueError):
     return {}
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat

@@ -53,7 +53,7 @@ class Summaries:
     """The resolved config, as text and as hparams (the hparams plugin compares runs)."""
     if not self._enabled:
       return
-    flat = _flatten(config)
+    flat = flatten_config(config)
     with self._writer("train").as_default(step=step):
       rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in flat.items())
       tf.summary.text("config", "| field | value |\n| --- | --- |\n" + rows)
@@ -97,13 +97,13 @@ class Summaries:
     self._scalar_writers = {}
 
 
-def _flatten(config: dict, prefix: str = "") -> dict:
+def flatten_config(config: dict, prefix: str = "") -> dict:
   """{'train.steps': 300, ...}: hparams take scalars; anything else becomes its JSON text."""
   flat = {}
   for key, value in config.items():
     name = f"{prefix}{key}"
     if isinstance(value, dict):
-      flat.update(_flatten(value, name + "."))
+      flat.update(flatten_config(value, name + "."))
     elif isinstance(value, (bool, int, float, str)):
       flat[name] = value
     else:
