@@ -3,8 +3,6 @@ call Keras's `apply`) must be Keras's own `apply` step for step -- weight decay,
 constraints and Nadam's momentum product included -- and what it cannot do is refused in
 one line."""
 import os
-import re
-import signal
 
 import keras
 import ml_collections
@@ -20,7 +18,7 @@ from trainer.task import names
 from trainer.task import optimizers
 from trainer.task import validation
 from tests.cli import run_trainer, train_ok
-from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+from tests.processes import assert_same_state, checkpoint_arrays, sigterm_then_resume
 
 
 def _train_config(**fields) -> ml_collections.ConfigDict:
@@ -356,19 +354,6 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run_moving_average_include
            "--config.data.num_train_examples=1024", "--config.train.ema_decay=0.95",
            "--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices={replicas}",
            "--config.runtime.deterministic=true"]
-  train_ok(tmp_path / "uninterrupted", *flags)
-  process = TrainerProcess(tmp_path / "stopped", *flags)
-  try:
-    process.wait_for(r"step 45/200")
-    process.send(signal.SIGTERM)
-    assert process.wait() == 42, process.output[-3000:]
-  finally:
-    process.kill()
-  stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
-  assert 45 <= stopped_at < 200 and stopped_at % 100
-  resumed = run_trainer(tmp_path / "stopped", *flags)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
-  expected = checkpoint_arrays(tmp_path / "uninterrupted", 200)
+  expected, resumed = sigterm_then_resume(tmp_path, flags, signal_at=45)
   assert sum(key.endswith("_average") for key in expected) == 4
-  assert_same_state(checkpoint_arrays(tmp_path / "stopped", 200), expected, atol=1e-6)
+  assert_same_state(resumed, expected, atol=1e-6)

@@ -3,9 +3,7 @@ built-in step: one reduction per optimizer (same weights on 1, 2, 3 replicas wit
 SGD), exact resume after SIGTERM with the task's noise, checkpointed state, export; and
 a Task that breaks the contract is refused in one line."""
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.cli import REPO, run_trainer, train_ok, user_environment
-from tests.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+from tests.processes import assert_same_state, checkpoint_arrays, sigterm_then_resume
 
 _GAN = os.path.join(REPO, "examples", "gan.py")
 _DISTILL = os.path.join(REPO, "examples", "distillation.py")
@@ -61,21 +59,8 @@ def test_gan_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path):
   gan = _outside(tmp_path, _GAN)
   flags = _gan_flags(gan, 2, "--config.train.steps=200", "--config.train.steps_per_loop=5",
                      "--config.checkpoint.interval=100")
-  train_ok(tmp_path / "uninterrupted", *flags)
-  process = TrainerProcess(tmp_path / "stopped", *flags)
-  try:
-    process.wait_for(r"step 35/200")
-    process.send(signal.SIGTERM)
-    assert process.wait() == 42, process.output[-3000:]
-  finally:
-    process.kill()
-  stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
-  assert 35 <= stopped_at < 200 and stopped_at % 100
-  resumed = run_trainer(tmp_path / "stopped", *flags)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
-  assert_same_state(checkpoint_arrays(tmp_path / "stopped", 200),
-                    checkpoint_arrays(tmp_path / "uninterrupted", 200), atol=1e-6)
+  expected, resumed = sigterm_then_resume(tmp_path, flags, signal_at=35)
+  assert_same_state(resumed, expected, atol=1e-6)
 
 
 def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
