@@ -39,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
   config.train.accumulation_steps = 1  # the built-in step: each replica's batch as this many micro-batches, gradients summed, one reduction and one update per step
-  config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION
+  config.train.loss = "sparse_categorical_crossentropy"  # | binary_crossentropy | mean_squared_error | mean_absolute_error | MODULE:FUNCTION; a multi-output model: one for all, or OUTPUT=LOSS,... per output
+  config.train.loss_weights = ""       # a multi-output model: OUTPUT=WEIGHT,... (the loss is the weighted sum); an output not named weighs 1
   config.train.from_logits = "auto"    # cross-entropies: "auto" (a final softmax/sigmoid -> probabilities, else logits) | "true" (logits) | "false" (probabilities)
   config.train.optimizer = "adam"      # sgd | momentum | adam | adamw | adamax | nadam | rmsprop | adagrad | adadelta | adafactor | ftrl | lamb | lion | MODULE:FUNCTION(train_config) -> keras optimizer
   config.train.optimizer_args = ""     # built-in optimizers: more keyword arguments, "beta_2=0.95,amsgrad=True"
@@ -60,7 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end
   config.eval.global_batch_size = 500  # examples per eval step; the last partial batch is evaluated too
-  config.eval.metrics = "accuracy"     # comma-separated: accuracy, top_k_accuracy, binary_accuracy, mean_absolute_error, mean_squared_error, MODULE:FUNCTION
+  config.eval.metrics = "accuracy"     # comma-separated: accuracy, top_k_accuracy, binary_accuracy, mean_absolute_error, mean_squared_error, MODULE:FUNCTION; a multi-output model: OUTPUT=METRIC (reported as OUTPUT_METRIC)
   config.eval.top_k = 5                # top_k_accuracy: k
   config.eval.poll_seconds = 5.0       # continuous_eval: how often to look for new checkpoints
   config.eval.timeout_seconds = 3600.0 # continuous_eval: exit 1 if no new checkpoint for this long; 0 = wait forever

@@ -114,7 +114,8 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
       features, labels = read(order.rows(tf.reshape(positions, [-1]), order_seed,
                                          num_examples))
       split = lambda t: tf.reshape(t, [chunk, per_replica, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
-      return positions, tf.nest.map_structure(split, features), split(labels)
+      features, labels = tf.nest.map_structure(split, (features, labels))
+      return positions, features, labels
 
     positioned = (tf.data.Dataset.range(_FOREVER)
                   .map(elements, num_parallel_calls=tf.data.AUTOTUNE).unbatch())

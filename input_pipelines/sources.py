@@ -1,7 +1,9 @@
 """The three forms a data builder may return for a split, checked and wrapped.
 
 1. `(features, labels)` numpy arrays: features an array or a dict of arrays,
-   axis 0 = examples  -> `ArraySource` (held in memory, gathered per batch);
+   labels an array or (a multi-output model: trainer/task/heads.py) a dict of
+   arrays keyed by output name, axis 0 = examples  -> `ArraySource` (held in
+   memory, gathered per batch);
 2. a random-access source: any object with `__len__()` and
    `__getitem__(indices: int64 array) -> (features, labels)` numpy batches
    -> `IndexedSource` (decoded on demand: the data need not fit in memory);
@@ -37,6 +39,18 @@ def _describe(key: str) -> str:
   return f"features[{key!r}]" if key else "features"
 
 
+def _label_keys(labels) -> list[str] | None:
+  """A dict of labels' keys, in the order leaves are read; None for one array."""
+  return sorted(labels) if isinstance(labels, dict) else None
+
+
+def _label_leaves(labels) -> dict:
+  """{'labels': array} or {"labels['class']": array, ...}: names for messages."""
+  if isinstance(labels, dict):
+    return {f"labels[{key!r}]": labels[key] for key in sorted(labels)}
+  return {"labels": labels}
+
+
 class Source:
   """A split of examples. `feature_name`: the serving input name of bare-array features."""
   feature_name = "inputs"
@@ -48,6 +62,10 @@ class Source:
     """How many classes the labels name, and what says so (for model.num_classes=0);
     None if this source cannot tell (float labels, an opaque stream)."""
     return None
+
+  def label_keys(self):
+    """A dict of labels' keys (sorted), None for one label array, ... if unknown."""
+    return ...
 
 
 class IndexableSource(Source):
@@ -89,69 +107,95 @@ class ArraySource(IndexableSource):
                feature_name: str = "inputs", num_classes: int | None = None):
     super().__init__(where)
     self.num_classes = num_classes  # a built-in's known class count (the MNIST family: 10)
-    _check_one_label_array(where, labels)
+    _check_labels(where, labels)
     self.features = features
-    self.labels = np.asarray(labels)
+    self.labels = ({key: np.asarray(value) for key, value in labels.items()}
+                   if isinstance(labels, dict) else np.asarray(labels))
     self.decode = decode
     self.feature_name = feature_name
     leaves = _leaves(features)
     if not leaves:
       raise DataError(f"{where}: features is an empty dict")
+    label_leaves = _label_leaves(self.labels)
+    first_label = next(iter(label_leaves))
+    count = len(label_leaves[first_label]) if label_leaves[first_label].ndim else 0
+    for name, value in label_leaves.items():
+      _check_dtype(where, name, value.dtype)
+      if value.ndim == 0 or len(value) != count:
+        raise DataError(f"{where}: {name} has {len(value) if value.ndim else 0} examples but "
+                        f"{first_label} has {count}")
     for key, value in leaves.items():
       if not isinstance(value, np.ndarray):
         raise DataError(f"{where}: {_describe(key)} is a {type(value).__name__}, "
                         f"not a numpy array")
       _check_dtype(where, _describe(key), value.dtype)
-      if value.ndim == 0 or len(value) != len(self.labels) or self.labels.ndim == 0:
+      if value.ndim == 0 or len(value) != count:
         raise DataError(f"{where}: {_describe(key)} has {len(value) if value.ndim else 0} "
-                        f"examples but labels has {len(self.labels) if self.labels.ndim else 0}")
-    _check_dtype(where, "labels", self.labels.dtype)
-    if len(self.labels) == 0:
+                        f"examples but labels has {count}")
+    if count == 0:
       raise DataError(f"{where}: the split is empty")
+    self._length = count
 
   def __len__(self) -> int:
-    return len(self.labels)
+    return self._length
 
   def class_count(self):
     if self.num_classes:
       return self.num_classes, f"{self.where.rsplit(' ', 2)[0]}: {self.num_classes} classes"
+    if isinstance(self.labels, dict):
+      return None  # several outputs: the model names its own class counts
     return _largest_class_id(self.labels, self.where)
 
   def decoded_example_bytes(self) -> int:
     """`decode` turns stored features into float32 (uint8 images: 4x the bytes)."""
     if self.decode is None:
       return self.example_bytes()
-    *features, labels = self.leaf_specs()
+    specs = self.leaf_specs()
+    features, labels = specs[:len(specs) - self._label_count()], specs[-self._label_count():]
     return (sum(int(np.prod(shape, dtype=np.int64)) * 4 for shape, _ in features)
-            + int(np.prod(labels[0], dtype=np.int64)) * np.dtype(labels[1]).itemsize)
+            + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                  for shape, dtype in labels))
 
   def __getitem__(self, indices):
     take = lambda a: a[indices]  # pylint: disable=unnecessary-lambda-assignment
     features = ({k: take(v) for k, v in self.features.items()}
                 if isinstance(self.features, dict) else take(self.features))
-    return features, take(self.labels)
+    labels = ({k: take(v) for k, v in self.labels.items()}
+              if isinstance(self.labels, dict) else take(self.labels))
+    return features, labels
 
   # Read through numpy, never embedded in the graph: no 2 GB GraphDef limit, no copy.
   def _keys(self):
     return sorted(self.features) if isinstance(self.features, dict) else None
 
-  def leaf_specs(self):
-    arrays = [self.features[k] for k in self._keys()] if self._keys() else [self.features]
-    return [(a.shape[1:], a.dtype) for a in [*arrays, self.labels]]
+  def label_keys(self):
+    return _label_keys(self.labels)
 
-  def read_leaves(self, rows):
+  def _label_count(self) -> int:
+    return len(self.labels) if isinstance(self.labels, dict) else 1
+
+  def _arrays(self) -> list[np.ndarray]:
+    """Every leaf, features then labels, in the order read_leaves returns them."""
     keys = self._keys()
     arrays = [self.features[k] for k in keys] if keys else [self.features]
-    return [np.take(a, rows, axis=0) for a in [*arrays, self.labels]]
+    return [*arrays, *_label_leaves(self.labels).values()]
+
+  def leaf_specs(self):
+    return [(a.shape[1:], a.dtype) for a in self._arrays()]
+
+  def read_leaves(self, rows):
+    return [np.take(a, rows, axis=0) for a in self._arrays()]
 
   def assemble(self, leaves, decode: bool = True):
     """`decode=False`: leave `self.decode` to the train step, on the device."""
-    *features, labels = leaves
+    split = len(leaves) - self._label_count()
+    features, labels = leaves[:split], leaves[split:]
     keys = self._keys()
     batch = dict(zip(keys, features)) if keys else features[0]
     if decode and self.decode is not None:
       batch = self.decode(batch)
-    return batch, labels
+    label_keys = _label_keys(self.labels)
+    return batch, dict(zip(label_keys, labels)) if label_keys else labels[0]
 
 
 class IndexedSource(IndexableSource):
@@ -175,14 +219,18 @@ class IndexedSource(IndexableSource):
     probe = np.arange(min(_PROBE, self._length), dtype=np.int64)
     features, labels = self._call(probe)
     self.structure = sorted(features) if isinstance(features, dict) else None
+    self.label_structure = _label_keys(labels)
     self.example_spec = {k: (v.shape[1:], v.dtype) for k, v in _leaves(features).items()}
-    self.example_spec["labels"] = (labels.shape[1:], labels.dtype)
+    self.example_spec.update({name: (v.shape[1:], v.dtype)
+                              for name, v in _label_leaves(labels).items()})
     self._check(probe, features, labels)
 
   def __len__(self) -> int:
     return self._length
 
   def class_count(self):
+    if self.label_structure is not None:
+      return None  # several outputs: the model names its own class counts
     classes = getattr(self.source, "classes", None)  # image_folder: the class folders
     if classes is not None and len(classes):
       return len(classes), f"{self.where}: {len(classes)} classes ({_first_names(classes)})"
@@ -200,17 +248,28 @@ class IndexedSource(IndexableSource):
     self._check(indices, features, labels)
     return features, labels
 
+  def label_keys(self):
+    return self.label_structure
+
+  def _label_names(self) -> list[str]:
+    if self.label_structure is None:
+      return ["labels"]
+    return [f"labels[{key!r}]" for key in self.label_structure]
+
   def leaf_specs(self):
     keys = self.structure if self.structure is not None else [""]
-    return [self.example_spec[k] for k in [*keys, "labels"]]
+    return [self.example_spec[k] for k in [*keys, *self._label_names()]]
 
   def read_leaves(self, rows):
     features, labels = self.read(rows)
     leaves = [features[k] for k in self.structure] if self.structure is not None else [features]
-    return [*leaves, labels]
+    return [*leaves, *_label_leaves(labels).values()]
 
   def assemble(self, leaves):
-    *features, labels = leaves
+    split = len(leaves) - len(self._label_names())
+    features, labels = leaves[:split], leaves[split:]
+    labels = (dict(zip(self.label_structure, labels)) if self.label_structure is not None
+              else labels[0])
     if self.structure is not None:
       return dict(zip(self.structure, features)), labels
     return features[0], labels
@@ -229,7 +288,9 @@ class IndexedSource(IndexableSource):
       features = {k: np.asarray(v) for k, v in features.items()}
     else:
       features = np.asarray(features)
-    _check_one_label_array(self.where, labels)
+    _check_labels(self.where, labels)
+    if isinstance(labels, dict):
+      return features, {k: np.asarray(v) for k, v in labels.items()}
     return features, np.asarray(labels)
 
   def _check(self, indices, features, labels) -> None:
@@ -237,9 +298,13 @@ class IndexedSource(IndexableSource):
     if got_structure != self.structure:
       raise DataError(f"{self.where}: {_examples(indices)} have features "
                       f"{got_structure or 'array'}, the first ones {self.structure or 'array'}")
-    arrays = {**_leaves(features), "labels": labels}
+    if _label_keys(labels) != self.label_structure:
+      raise DataError(f"{self.where}: {_examples(indices)} have labels "
+                      f"{_label_keys(labels) or 'array'}, the first ones "
+                      f"{self.label_structure or 'array'}")
+    arrays = {**_leaves(features), **_label_leaves(labels)}
     for key, value in arrays.items():
-      name = "labels" if key == "labels" else _describe(key)
+      name = key if key.startswith("labels") else _describe(key)
       shape, dtype = self.example_spec[key]
       _check_dtype(self.where, name, value.dtype)
       if value.ndim == 0 or value.shape[0] != len(indices):
@@ -267,8 +332,9 @@ class StreamSource(Source):
                       f"pairs, got {element_spec}")
     features, labels = element_spec
     if isinstance(labels, (dict, tuple, list)):
-      _check_one_label_array(self.where, labels)
-    leaves = {**{_describe(k): v for k, v in _leaves(features).items()}, "labels": labels}
+      _check_labels(self.where, labels)
+    leaves = {**{_describe(k): v for k, v in _leaves(features).items()},
+              **_label_leaves(labels)}
     shapes = {}
     for name, spec in leaves.items():
       if type(spec).__name__ != "TensorSpec":
@@ -324,7 +390,14 @@ def as_splits(value, where: str) -> tuple[Source, Source]:
     raise DataError(f"{where} must return (train, eval), two splits, got (ndarray, ndarray): "
                     f"one split's (features, labels)? Return ((x_train, y_train), "
                     f"(x_eval, y_eval)); {_SPLIT_FORMS}")
-  return as_source(value[0], f"{where} train split"), as_source(value[1], f"{where} eval split")
+  train = as_source(value[0], f"{where} train split")
+  evaluation = as_source(value[1], f"{where} eval split")
+  keys = train.label_keys(), evaluation.label_keys()
+  if ... not in keys and keys[0] != keys[1]:
+    described = [f"a dict ({', '.join(k)})" if k else "one array" for k in keys]
+    raise DataError(f"{where}: the train split's labels are {described[0]}, the eval "
+                    f"split's {described[1]}; both splits need the same labels")
+  return train, evaluation
 
 
 _SPLIT_FORMS = ("each split is (features, labels) numpy arrays, a random-access source "
@@ -369,12 +442,18 @@ def _first_names(names) -> str:
   return shown + (", ..." if len(names) > 5 else "")
 
 
-def _check_one_label_array(where: str, labels) -> None:
-  """Labels are one array per split (axis 0 = examples); a dict or tuple of them (several
-  outputs) is not supported yet: one line saying so, not a numpy error."""
-  if isinstance(labels, (dict, tuple)):
-    kind = (f"a dict ({', '.join(map(str, list(labels)[:5]))})" if isinstance(labels, dict)
-            else f"a tuple of {len(labels)}")
-    raise DataError(f"{where}: labels are {kind}; distloop takes one label array per split "
-                    f"(one label tensor per example, for a model with one output); "
-                    f"multi-output models and dict labels are not supported yet")
+def _check_labels(where: str, labels) -> None:
+  """Labels are one array per split (axis 0 = examples), or a dict of them keyed by
+  output name (a multi-output model); a tuple or list is one line, not a numpy error."""
+  if isinstance(labels, dict):
+    if not labels:
+      raise DataError(f"{where}: labels is an empty dict")
+    bad = [key for key in labels if not isinstance(key, str)]
+    if bad:
+      raise DataError(f"{where}: labels is a dict with key {bad[0]!r}; its keys are the "
+                      f"model's output names (strings)")
+    return
+  if isinstance(labels, (tuple, list)):
+    raise DataError(f"{where}: labels are a {type(labels).__name__} of {len(labels)}; give "
+                    f"one label array per split, or for a multi-output model a dict of "
+                    f"label arrays keyed by output name")

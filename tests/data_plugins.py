@@ -67,6 +67,11 @@ def dict_labels_numpy(data_config, seed):
   return (features, {"digit": labels, "even": labels % 2}), _arrays(16)
 
 
+def tuple_labels_numpy(data_config, seed):
+  features, labels = _arrays(64)
+  return (features, (labels, labels % 2)), _arrays(16)
+
+
 def _stream(make):
   def make_dataset():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -1,7 +1,7 @@
 """Data a new user brings that distloop cannot train right: one line, exit 2, nothing written.
 
 Unseeded randomness in data.preprocess (a resume would not be exact), batches larger
-than the split or than memory, dict labels, variable-shape or batched tf.data
+than the split or than memory, labels that do not fit the model, variable-shape or batched tf.data
 streams, a builder returning (x, y), plug-ins calling sys.exit; and the class
 count a built-in model takes from the data (model.num_classes=0).
 """
@@ -42,8 +42,12 @@ def _data(name):
     ([_data("huge_examples"), "--config.train.global_batch_size=1000000"],
      "train.global_batch_size=1000000 needs at least 1.9 TiB of memory"),
     # Labels and element shapes distloop does not batch.
-    ([_data("dict_labels_numpy")], "train split: labels are a dict (digit, even)"),
-    ([_data("dict_labels_stream")], "dict labels are not supported yet"),
+    # Dict labels (a multi-output model's) that do not fit: one line saying how.
+    ([_data("dict_labels_numpy")],
+     "the train split's labels are a dict (digit, even), the eval split's one array"),
+    ([_data("dict_labels_stream")],
+     "the labels are a dict (digit, even) but model.name='mnist_cnn' returns one tensor"),
+    ([_data("tuple_labels_numpy")], "train split: labels are a tuple of 2; give one label"),
     ([_data("varying_length_stream")], "features has shape [?] per example"),
     ([_data("padded_batch_stream")], "return it unbatched (dataset.unbatch())"),
     ([_data("x_y_instead_of_splits")],

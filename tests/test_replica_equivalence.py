@@ -37,6 +37,15 @@ _OPTIMIZERS = {  # name: (flags, tolerance)
     # copy, from the same weights; a decay applied per replica or per reduction fails.
     "sgd_weight_decay": (["--config.train.optimizer=sgd", "--config.train.learning_rate=0.02",
                           "--config.train.weight_decay=2.0"], 1e-6),
+    # Two heads, weighted: each head's loss is divided by the global batch once, then
+    # weighted; a head reduced per replica, or its weight applied twice, fails.
+    "sgd_two_heads": (["--config.train.optimizer=sgd", "--config.train.learning_rate=0.02",
+                       "--config.data.name=tests.multi_output_plugins:arrays",
+                       "--config.model.name=tests.multi_output_plugins:two_heads",
+                       "--config.train.loss=class=sparse_categorical_crossentropy,"
+                       "value=mean_squared_error",
+                       "--config.train.loss_weights=value=0.5",
+                       "--config.eval.metrics=class=accuracy"], 1e-6),
 }
 
 

@@ -18,7 +18,7 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               if the files are the same; a warning names both paths)
   fixed       model.*, data.* but dir, runtime.seed (the data order, and synthetic data),
               runtime.mixed_precision (float16 keeps a loss scale in the optimizer
-              state), train.loss, train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
+              state), train.loss (and loss_weights), train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
               user's config adds
 
 `check` compares the config with the one the model_dir recorded (config.json, or
@@ -40,6 +40,7 @@ _FIXED_FIELDS = {
     "runtime.mixed_precision": "the arithmetic (and the optimizer state, with float16)",
     "train.task": "the training step and its state",
     "train.loss": "the objective",
+    "train.loss_weights": "the objective",
     "train.from_logits": "the objective (what the outputs mean to the loss)",
     "train.optimizer": "the optimizer and its state",
     "train.optimizer_args": "the optimizer and its state",

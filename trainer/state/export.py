@@ -5,7 +5,8 @@ become the input names; a bare array is one input named after its source
 (`images` for the MNIST family, `inputs` otherwise). The output follows the
 loss: `probabilities` for the cross-entropies (the softmax / sigmoid of logits, or
 the outputs unchanged when they are probabilities already: train.from_logits),
-`predictions` (the raw outputs) for anything else. The export is built from the
+`predictions` (the raw outputs) for anything else. A multi-output model serves
+each output under its own name, by the same rule (trainer/task/heads.py). The export is built from the
 checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
 directory and renamed: a crash never leaves half an export, and a full disk or
@@ -29,8 +30,12 @@ class _Serving(tf.Module):
     self._transform = transform
 
   def serve(self, features):
-    outputs = tf.cast(self.model(features, training=False), tf.float32)  # mixed precision
-    return {self._output_name: self._transform(outputs)}
+    outputs = tf.nest.map_structure(lambda output: tf.cast(output, tf.float32),  # mixed
+                                    self.model(features, training=False))    # precision
+    served = self._transform(outputs)
+    if isinstance(served, dict):  # several outputs, each under its name
+      return served
+    return {self._output_name: served}
 
 
 def serving_spec(features_spec, feature_name: str):

@@ -6,7 +6,8 @@ Task (the reduction, loss scaling and stateless randomness live there);
 `keys.py` what a built Task holds and its checkpoint keys.
 
 Around them, what a step is made of: optimizers (the one place gradients become
-an update) and loss scaling, losses, metrics and probabilities, the data's
+an update) and loss scaling, losses, metrics, heads (a multi-output model's loss,
+weight and metrics per output) and probabilities, the data's
 preprocess, plug-in resolution (plugins.py), a task's own failures as one line
 (user_code.py), the model checks (compatibility.py), the start-up checks of a
 config (validation.py, no TensorFlow) and the one list of built-in names

@@ -37,31 +37,53 @@ def model_outputs(config, model, features):
   except Exception as e:  # pylint: disable=broad-except  (user models raise anything)
     raise UserError(f"{model_name} failed on a batch of the data ({type(e).__name__}: "
                     f"{_first_line(e)}); its input is {_describe(features)}") from None
-  if not tf.is_tensor(outputs):
+  parts = list(outputs.values()) if isinstance(outputs, dict) else (
+      list(outputs) if isinstance(outputs, (list, tuple)) else [outputs])
+  if not parts or not all(tf.is_tensor(part) for part in parts):
     raise UserError(f"{model_name} returns {type(outputs).__name__}; distloop's losses take "
-                    f"one output tensor")
+                    f"one output tensor, or a dict or list of them (one per output)")
   return outputs
 
 
-def check(config, outputs, loss_fn, metric_fns: dict, labels,
-          train_source: Source, eval_source: Source) -> None:
-  """`outputs`: model_outputs() of the probe examples whose labels are `labels`."""
+def check_labels_fit_outputs(config, names: list[str] | None, labels) -> None:
+  """A multi-output model's labels are a dict with one entry per output name; a
+  one-output model's are one array."""
   model_name = f"model.name={config.model.name!r}"
+  if names is None and isinstance(labels, dict):
+    raise UserError(f"the labels are a dict ({', '.join(sorted(labels))}) but {model_name} "
+                    f"returns one tensor: return a dict of outputs with the same names, or "
+                    f"give one label array")
+  if names is not None:
+    if not isinstance(labels, dict):
+      raise UserError(f"{model_name} returns {len(names)} outputs ({', '.join(names)}) but the "
+                      f"labels are one array: give a dict of labels keyed by output name")
+    if set(labels) != set(names):
+      raise UserError(f"{model_name} returns outputs {sorted(names)} but the labels are "
+                      f"{sorted(labels)}: give one label array per output, keyed by its name")
+
+
+def check(config, head, outputs, labels, train_source: Source, eval_source: Source) -> None:
+  """`outputs`: head's outputs of the probe examples (model_outputs()) whose labels are
+  `labels`; `head`: trainer/task/heads.py Head (its loss and metrics)."""
+  model_name = f"model.name={config.model.name!r}" + (
+      f" (output {head.output!r})" if head.output else "")
   outputs = tf.cast(outputs, tf.float32)
-  batch = int(tf.shape(outputs)[0])
-  loss_name = config.train.loss
+  batch = int(tf.shape(outputs)[0]) if outputs.shape.rank else 0
+  loss_name = head.loss_name
   if outputs.shape.rank == 0 or batch != int(tf.shape(labels)[0]):
     raise UserError(f"{model_name} outputs {outputs.shape} for {int(tf.shape(labels)[0])} "
                     f"examples; axis 0 must be the batch")
   _check_outputs_fit_loss(loss_name, model_name, outputs, labels, train_source, eval_source,
-                          built_in=config.model.name in models.NAMES)
-  _check_per_example(f"train.loss={loss_name!r}", loss_fn, labels, outputs, batch)
-  for name, fn in metric_fns.items():
-    _check_per_example(f"eval.metrics ({name})", fn, labels, outputs, batch)
+                          built_in=config.model.name in models.NAMES, key=head.output)
+  loss_field = f"train.loss ({head.output}={loss_name})" if head.output else (
+      f"train.loss={loss_name!r}")
+  _check_per_example(loss_field, head.loss, labels, outputs, batch)
+  for name, fn in head.metrics.items():
+    _check_per_example(f"eval.metrics ({head.name(name)})", fn, labels, outputs, batch)
 
 
 def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources,
-                            built_in: bool) -> None:
+                            built_in: bool, key: str | None = None) -> None:
   if loss_name == "sparse_categorical_crossentropy":
     if outputs.shape.rank != 2:
       raise UserError(f"{model_name} outputs shape {outputs.shape}; "
@@ -80,7 +102,7 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources,
       raise UserError(f"{sources[0].where} has {len(classes)} classes "
                       f"({', '.join(map(str, classes[:5]))}{', ...' if len(classes) > 5 else ''})"
                       f" but {model_name} outputs {num_classes} (set {size_hint}?)")
-    for source, split_labels in _all_labels(sources, labels):
+    for source, split_labels in _all_labels(sources, labels, key):
       if not (np.issubdtype(split_labels.dtype, np.integer)
               or np.all(np.mod(split_labels, 1) == 0)):
         raise UserError(f"{source.where}: labels must be class ids for "
@@ -99,7 +121,7 @@ def _check_outputs_fit_loss(loss_name, model_name, outputs, labels, *sources,
                       f"are {list(labels.shape[1:])}: {loss_name} needs outputs of the labels' "
                       f"shape")
     if loss_name == "binary_crossentropy":
-      for source, split_labels in _all_labels(sources, labels):
+      for source, split_labels in _all_labels(sources, labels, key):
         if split_labels.size and (split_labels.min() < 0 or split_labels.max() > 1):
           raise UserError(f"{source.where}: labels outside [0, 1] for binary_crossentropy "
                           f"(found {split_labels.min()}..{split_labels.max()})")
@@ -154,14 +176,14 @@ def _short(value) -> str:
   return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 
-def _all_labels(sources, probe_labels):
+def _all_labels(sources, probe_labels, key: str | None = None):
   """Every label of in-memory splits and of sources that list them (a `labels` array,
-  as image_folder's do); the probe's for the others."""
+  as image_folder's do); the probe's for the others. `key`: one output's labels."""
   for source in sources:
     if isinstance(source, ArraySource):
-      yield source, source.labels
-    elif isinstance(source, IndexedSource) and isinstance(
-        getattr(source.source, "labels", None), np.ndarray):
+      yield source, source.labels[key] if key is not None else source.labels
+    elif (key is None and isinstance(source, IndexedSource)
+          and isinstance(getattr(source.source, "labels", None), np.ndarray)):
       yield source, source.source.labels
   yield sources[0], np.asarray(probe_labels)
 

@@ -48,13 +48,14 @@ class Export:
 
   `model` is served as `serving_default`: inputs from `input_spec` (a TensorSpec
   or a dict of them, batch dimension None; default: the data's features), the
-  output `{output_name: transform(model(inputs))}`. The SavedModel holds a plain
+  output `{output_name: transform(model(inputs))}`, or `transform`'s dict as it is
+  (several named outputs). The SavedModel holds a plain
   copy of the model (no strategy): `build(input_spec)` makes a fresh one when
   given, else keras.models.clone_model (a subclassed model without `build`
   is saved as it is).
   """
   model: keras.Model
-  output_name: str = "predictions"
+  output_name: str | None = "predictions"
   transform: Callable | None = None
   input_spec: Any = None
   build: Callable | None = None

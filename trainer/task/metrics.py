@@ -36,8 +36,10 @@ def top_k_accuracy(labels, outputs, *, k: int):
                  tf.float32)
 
 
-def resolve(eval_config, loss_name: str, *, probabilities: bool = False) -> dict:
-  """{reported name: per-example function} for `eval.metrics`.
+def resolve(eval_config, loss_name: str, *, probabilities: bool = False,
+            specs: list[str] | None = None) -> dict:
+  """{name: per-example function} for `eval.metrics` (or `specs`, one output's share of
+  it: trainer/task/heads.py).
 
   Thresholds follow the outputs: logits (threshold 0) under the cross-entropies
   unless `probabilities` (train.from_logits), probabilities or values (threshold
@@ -52,7 +54,7 @@ def resolve(eval_config, loss_name: str, *, probabilities: bool = False) -> dict
       "mean_squared_error": losses.mean_squared_error,
   }
   resolved = {}
-  for spec in validation.metric_specs(eval_config):
+  for spec in validation.metric_specs(eval_config) if specs is None else specs:
     name = plugins.name_of(spec)
     if name in resolved or name in ("loss", "examples"):
       raise plugins.UserError(f"eval.metrics: the name {name!r} is given twice or is reserved")

@@ -31,15 +31,17 @@ _PROBABILITY_ACTIVATIONS = {"softmax": "softmax", "softmax_v2": "softmax", "sigm
 _NO_ACTIVATION = "linear"
 
 
-def decide(config, model, outputs) -> bool:
+def decide(config, model, outputs, *, loss_name: str | None = None,
+           output: str | None = None) -> bool:
   """True if `outputs` (the model's, on the probe examples) are probabilities; UserError
-  when the setting contradicts the model or the model cannot tell."""
-  setting, loss_name = config.train.from_logits, config.train.loss
+  when the setting contradicts the model or the model cannot tell. `output`: which of a
+  multi-output model's outputs (trainer/task/heads.py), with its `loss_name`."""
+  setting, loss_name = config.train.from_logits, loss_name or config.train.loss
   if not losses.is_cross_entropy(loss_name):
     return False
-  final = final_activation(model)
+  final = final_activation(model, output)
   values = np.asarray(outputs, np.float64)
-  where = f"model.name={config.model.name!r}"
+  where = f"model.name={config.model.name!r}" + (f" (output {output!r})" if output else "")
   if setting == "true":
     if final in _PROBABILITY_ACTIVATIONS.values():
       raise UserError(f"train.from_logits=true but {where} ends in a {final}: {loss_name} would "
@@ -68,15 +70,17 @@ def decide(config, model, outputs) -> bool:
   return False
 
 
-def final_activation(model) -> str | None:
+def final_activation(model, output: str | None = None) -> str | None:
   """"softmax", "sigmoid", "linear" (no activation) or another name, for the layer that
-  produces a functional or Sequential model's one output; None when it cannot be seen
-  (a subclassed model) or is something else."""
+  produces a functional or Sequential model's one output (or its output named `output`);
+  None when it cannot be seen (a subclassed model) or is something else."""
   try:
     model_outputs = model.outputs
   except (AttributeError, ValueError):  # subclassed: no graph of layers to look at
     return None
-  if not model_outputs or len(model_outputs) != 1:
+  if output is not None:
+    model_outputs = [_named_output(model, model_outputs, output)]
+  if not model_outputs or len(model_outputs) != 1 or model_outputs[0] is None:
     return None
   history = getattr(model_outputs[0], "_keras_history", None)
   operation = getattr(history, "operation", None)
@@ -91,6 +95,18 @@ def final_activation(model) -> str | None:
   if callable(activation):  # Dense, Conv, Activation, ...
     name = getattr(activation, "__name__", "")
     return _PROBABILITY_ACTIVATIONS.get(name, name or None)
+  return None
+
+
+def _named_output(model, model_outputs, output: str):
+  """The symbolic output a functional model returns under `output` (a dict's key, or a
+  list's entry in model.output_names); None when it cannot be told."""
+  structure = getattr(model, "_outputs_struct", None)  # Keras 3 Functional: as returned
+  if isinstance(structure, dict):
+    return structure.get(output)
+  names = list(getattr(model, "output_names", None) or [])
+  if output in names and len(names) == len(model_outputs):
+    return model_outputs[names.index(output)]
   return None
 
 

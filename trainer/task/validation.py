@@ -14,6 +14,7 @@ import ml_collections
 
 import input_pipelines
 import models
+from trainer.task import heads
 from trainer.task import plugins
 from trainer.task.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
 from trainer.errors import UserError
@@ -49,7 +50,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     plugins.resolve("train.task", config.train.task)
   for spec in [part.strip() for part in config.train.actions.split(",") if part.strip()]:
     plugins.resolve("train.actions", spec)
-  plugins.resolve("train.loss", config.train.loss, dict.fromkeys(LOSSES))
+  for loss in (heads.per_output("train.loss", config.train.loss) or {"": config.train.loss}
+               ).values():
+    plugins.resolve("train.loss", loss, dict.fromkeys(LOSSES))
+  output_losses = heads.check_config(config)  # train.loss_weights too
   _one_of(config, "train.from_logits", ("auto", "true", "false"))
   _metrics(config)
 
@@ -93,7 +97,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "checkpoint.best_mode", BEST_MODES)
   _non_negative(config, "checkpoint.early_stop_patience")
   _non_negative(config, "checkpoint.early_stop_min_delta")
-  reported = ["loss"] + [plugins.name_of(spec) for spec in metric_specs(config.eval)]
+  reported = ["loss", *output_losses] + [
+      heads.reported_name(output, plugins.name_of(spec))
+      for output, spec in heads.metric_entries(metric_specs(config.eval))]
   if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
       and config.checkpoint.best_metric not in reported
       and not config.train.task):  # a Task's eval names are known once it is traced
@@ -170,14 +176,17 @@ def metric_specs(eval_config) -> list[str]:
 
 
 def _metrics(config) -> None:
-  specs = metric_specs(config.eval)
-  names = [plugins.name_of(spec) for spec in specs]
-  for spec, name in zip(specs, names):
+  entries = heads.metric_entries(metric_specs(config.eval))
+  names = [heads.reported_name(output, plugins.name_of(spec)) for output, spec in entries]
+  for (output, spec), name in zip(entries, names):
+    if output == "" or not spec:
+      raise UserError(f"eval.metrics={config.eval.metrics!r}: write each output's metric as "
+                      f"OUTPUT=METRIC")
     plugins.resolve("eval.metrics", spec, dict.fromkeys(METRICS))
     if names.count(name) > 1 or name in ("loss", "examples"):
       raise UserError(f"eval.metrics={config.eval.metrics!r}: the name {name!r} is given twice "
                       f"or is reserved")
-  if "top_k_accuracy" in names:
+  if any(spec == "top_k_accuracy" for _, spec in entries):
     _positive(config, "eval.top_k")
 
 
