@@ -117,6 +117,17 @@ def test_the_stream_pads_with_pad_value_and_to_the_buckets():
   assert all(n in (100, 150) or n > 150 for n in lengths)
 
 
+def test_preprocess_outputs_of_new_lengths_are_padded_again_per_batch():
+  x, y = _sequences(64)
+  source = sources.ArraySource(x, y, where="test", padding=padding.Padding())
+  keep = 7  # the function keeps at most 7 tokens (every sequence has 5..200)
+  dataset = batching.train_dataset(source, seed=3, global_batch_size=8, start_example=0,
+                                   preprocess=lambda f, l, seed: (f[:keep], l))
+  for features, _ in dataset.take(8):
+    features = features.numpy()
+    assert features.shape[1] == _lengths(features).max() <= keep
+
+
 def test_an_empty_eval_slice_of_a_variable_feature_is_empty():
   x, y = _sequences(3)
   source = sources.ArraySource(x, y, where="test", padding=padding.Padding())
