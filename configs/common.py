@@ -24,6 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.name = "synthetic"       # synthetic | mnist | fashion_mnist | tabular | regression | image_folder | records, or MODULE:FUNCTION
   config.data.dir = ""                 # the data's files (per pipeline); mnist: "" = Keras download/cache; records: python -m input_pipelines.convert's --output
   config.data.preprocess = ""          # MODULE:FUNCTION(features, labels, seed) per training example; "" = none
+  config.data.pad_to = ""              # examples whose length varies: "" = refuse them | "longest" (each batch padded to its longest) | "32,64,128" (bucket boundaries: padded up to the smallest boundary that holds the batch's longest; longer ones to their longest)
+  config.data.pad_value = 0.0          # pad_to: the value padding fills in (Keras Embedding(mask_zero=True) masks 0)
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
   config.data.num_features = 10        # tabular, regression (synthetic): features per row

@@ -28,9 +28,18 @@ may be empty on the last batch (the eval step skips the model for it: it adds
 nothing to the sums; trainer/loop/steps.py make_eval_pass). Training slices never are:
 the global batch divides by the replica count (runtime.check_batch_divisible).
 
+Variable-length examples (`data.pad_to`, input_pipelines/padding.py): each
+per-replica batch is padded to its own longest example, or up to a bucket
+boundary, with `data.pad_value`: in the numpy read for indexable sources (one
+per-replica batch per read, so the padding is the batch's own), with
+`padded_batch` for streams (an eval stream's batch is padded as a global batch,
+then sliced). The padding depends only on the batch's rows: the order and an
+exact resume hold as for fixed shapes. `data.preprocess` receives each example
+as padded in its batch, and its results are padded again per batch.
+
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
 indexed; each time it is built its element spec is checked (fixed-shape
-examples, one label tensor: `StreamSource.check_element_spec`, a DataError
+examples unless data.pad_to is set, one label tensor: `StreamSource.check_element_spec`, a DataError
 naming the split otherwise). Its training stream is `dataset.repeat()`; a run resumed at example p
 skips the first p examples (`skip` reads and drops them: time proportional to
 p), so resume is exact when the callable builds the same elements in the same
@@ -44,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from input_pipelines import order
+from input_pipelines import padding as padding_lib
 from input_pipelines import read_log
 from input_pipelines.errors import DataError
 from input_pipelines.sources import ArraySource, IndexableSource, Source, StreamSource
@@ -105,6 +115,8 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
 
     rows = min(_ROWS_PER_READ, _BYTES_PER_READ // max(1, source.example_bytes()))
     chunk = max(1, rows // per_replica)  # elements read by one call
+    if _variable(source):  # one per-replica batch per read: padded to its own longest
+      chunk = 1
 
     def elements(c):  # element j: replica first + j % local of step j // local
       j = c * chunk + tf.range(chunk, dtype=tf.int64)
@@ -113,14 +125,15 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
       positions = first[:, None] + tf.range(per_replica, dtype=tf.int64)[None, :]
       features, labels = read(order.rows(tf.reshape(positions, [-1]), order_seed,
                                          num_examples))
-      split = lambda t: tf.reshape(t, [chunk, per_replica, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
+      split = lambda t: (t[None] if chunk == 1 else  # pylint: disable=unnecessary-lambda-assignment
+                         tf.reshape(t, [chunk, per_replica, *t.shape[1:]]))
       features, labels = tf.nest.map_structure(split, (features, labels))
       return positions, features, labels
 
     positioned = (tf.data.Dataset.range(_FOREVER)
                   .map(elements, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
   if preprocess is not None:
-    positioned = _preprocessed(positioned, preprocess, seed, per_replica)
+    positioned = _preprocessed(positioned, preprocess, seed, per_replica, source.padding)
   return _finish(positioned.map(lambda positions, features, labels: (features, labels)))
 
 
@@ -149,8 +162,9 @@ def eval_dataset(source: Source, *, global_batch_size: int,
 
 def example_spec(source: Source):
   """(features, labels) spec of one example as `data.preprocess` receives it (traced, no
-  data read). A stream's dataset is built and its elements checked (fixed-shape examples,
-  one label tensor): DataError naming the split otherwise."""
+  data read; variable-length dims None). A stream's dataset is built and its elements
+  checked (fixed-shape examples unless data.pad_to is set, one label tensor): DataError
+  naming the split otherwise."""
   if isinstance(source, StreamSource):
     return _stream_examples(source).element_spec
   read = _reader(source, "probe")
@@ -179,7 +193,7 @@ def _stream_train(source: StreamSource, start_example: int, per_replica: int,
   """(positions, features, labels) per-replica batches of this pipeline's replicas."""
   examples = (_stream_examples(source).repeat().skip(start_example)
               .enumerate(start_example).map(lambda position, example: (position, *example)))
-  batches = examples.batch(per_replica, drop_remainder=True)
+  batches = _batch(examples, per_replica, source.padding, drop_remainder=True)
   if share.local == share.replicas:
     return batches
   def mine(i, batch):  # per-replica batch i is replica i % R of step i // R
@@ -196,7 +210,29 @@ def _stream_eval(source: StreamSource, global_batch_size: int, per_replica: int,
       return tf.nest.map_structure(
           lambda t: t[replica * per_replica:(replica + 1) * per_replica], batch)
     return tf.data.Dataset.range(share.first, share.first + share.local).map(slice_of)
-  return _stream_examples(source).batch(global_batch_size).flat_map(replicas_slices)
+  return (_batch(_stream_examples(source), global_batch_size, source.padding)
+          .flat_map(replicas_slices))
+
+
+def _batch(examples: tf.data.Dataset, size: int, padding: padding_lib.Padding | None,
+           drop_remainder: bool = False) -> tf.data.Dataset:
+  """Batches of `size` examples; with `padding`, each padded to its longest (padded_batch)
+  and then up to its bucket boundary."""
+  if padding is None:
+    return examples.batch(size, drop_remainder=drop_remainder)
+  spec = examples.element_spec
+  values = tf.nest.map_structure(lambda s: padding_lib.pad_constant(s.dtype, padding.value),
+                                 spec)
+  batches = examples.padded_batch(size, padding_values=values, drop_remainder=drop_remainder)
+  if not padding.boundaries:
+    return batches
+  return batches.map(lambda *batch: padding_lib.to_buckets(batch, padding, spec))
+
+
+def _variable(source: IndexableSource) -> bool:
+  """Whether a leaf's length varies from example to example (padded per batch)."""
+  return source.padding is not None and any(padding_lib.is_variable(shape)
+                                            for shape, _ in source.leaf_specs())
 
 
 def device_decoder(source: Source) -> Callable | None:
@@ -217,10 +253,11 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
 
   def read_numpy(rows):
     if len(rows) == 0:  # an eval replica's empty slice: do not ask the source
-      return [np.zeros((0, *shape), dtype=object if tf_dtype == tf.string else dtype)
+      return [np.zeros((0, *[0 if d is None else d for d in shape]),
+                       dtype=object if tf_dtype == tf.string else dtype)
               for (shape, dtype), tf_dtype in zip(specs, dtypes)]
     read_log.record(stream, rows)
-    return source.read_leaves(rows)
+    return padding_lib.pad_leaves(source.read_leaves(rows), specs, source.padding)
 
   def read(rows):
     leaves = tf.numpy_function(read_numpy, [rows], dtypes, stateful=False)
@@ -233,15 +270,16 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
 
 
 def _preprocessed(positioned: tf.data.Dataset, preprocess: Callable, seed: int,
-                  batch_size: int) -> tf.data.Dataset:
-  """Per example: `preprocess(features, labels, seed=[runtime.seed, position])`, rebatched."""
+                  batch_size: int, padding: padding_lib.Padding | None = None
+                  ) -> tf.data.Dataset:
+  """Per example: `preprocess(features, labels, seed=[runtime.seed, position])`, rebatched
+  (with `padding`: padded again, as the function may change lengths)."""
   def one(position, features, labels):
     features, labels = preprocess(features, labels, tf.stack([tf.constant(seed, tf.int64),
                                                               position]))
     return position, features, labels
-  return (positioned.unbatch()
-          .map(one, num_parallel_calls=tf.data.AUTOTUNE)
-          .batch(batch_size, drop_remainder=True))
+  return _batch(positioned.unbatch().map(one, num_parallel_calls=tf.data.AUTOTUNE),
+                batch_size, padding, drop_remainder=True)
 
 
 def _finish(dataset: tf.data.Dataset) -> tf.data.Dataset:

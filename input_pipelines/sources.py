@@ -16,6 +16,14 @@ Converted data on disk (`data.name='records'`) is a fourth, built-in form,
 `IndexableSource`: batching reads any set of rows through the same three
 methods, so the order (input_pipelines/order.py) is the same for all of them.
 
+Variable-length features (`data.pad_to` set, input_pipelines/padding.py): in
+the numpy forms a feature may be a 1-D object array of per-example arrays
+[L_i, *rest] (same dtype and trailing dims; a list of arrays is converted); a
+stream's examples may have unknown (None) dims. Its per-example spec is then
+(None, *rest), and batching pads each per-replica batch. Without pad_to they
+are refused, naming it: padding images of different sizes silently would be
+a silent wrong result.
+
 Who owns what: the user's code says what example k is; distloop owns which
 examples form each batch (the order), batching, the split across replicas and
 workers, parallel reads and prefetch. Checks here are numpy only (no
@@ -25,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from input_pipelines import padding as padding_lib
 from input_pipelines.errors import DataError
 
 _PROBE = 2  # examples read from an indexed source to learn its structure
@@ -52,8 +61,10 @@ def _label_leaves(labels) -> dict:
 
 
 class Source:
-  """A split of examples. `feature_name`: the serving input name of bare-array features."""
+  """A split of examples. `feature_name`: the serving input name of bare-array features;
+  `padding`: how batches of variable-length examples are padded (None: refused)."""
   feature_name = "inputs"
+  padding: padding_lib.Padding | None = None
 
   def __init__(self, where: str):
     self.where = where  # e.g. "data.name='tabular' train split", for messages
@@ -91,7 +102,8 @@ class IndexableSource(Source):
     """About how many bytes one example's leaves hold (variable-size leaves count 0):
     batching sizes its reads by it, so memory in flight does not scale with records."""
     return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-               for shape, dtype in self.leaf_specs() if np.dtype(dtype).kind not in "SOU")
+               for shape, dtype in self.leaf_specs()
+               if np.dtype(dtype).kind not in "SOU" and not padding_lib.is_variable(shape))
 
   def decoded_example_bytes(self) -> int:
     """About how many bytes one example holds once decoded, as a batch holds it (at least:
@@ -104,15 +116,22 @@ class ArraySource(IndexableSource):
   features to what the model sees, in TensorFlow (e.g. uint8 -> float in [0, 1])."""
 
   def __init__(self, features, labels, *, where: str, decode: Callable | None = None,
-               feature_name: str = "inputs", num_classes: int | None = None):
+               feature_name: str = "inputs", num_classes: int | None = None,
+               padding: padding_lib.Padding | None = None):
     super().__init__(where)
+    self.padding = padding
     self.num_classes = num_classes  # a built-in's known class count (the MNIST family: 10)
     _check_labels(where, labels)
-    self.features = features
     self.labels = ({key: np.asarray(value) for key, value in labels.items()}
                    if isinstance(labels, dict) else np.asarray(labels))
     self.decode = decode
     self.feature_name = feature_name
+    if isinstance(features, dict):  # lists of per-example arrays: object arrays
+      features = {k: _examples_or_value(v) for k, v in features.items()}
+    else:
+      features = _examples_or_value(features)
+    self.features = features
+    self._variable = {}  # key -> (None, *rest), dtype of a variable-length feature
     leaves = _leaves(features)
     if not leaves:
       raise DataError(f"{where}: features is an empty dict")
@@ -125,10 +144,13 @@ class ArraySource(IndexableSource):
         raise DataError(f"{where}: {name} has {len(value) if value.ndim else 0} examples but "
                         f"{first_label} has {count}")
     for key, value in leaves.items():
-      if not isinstance(value, np.ndarray):
+      if isinstance(value, np.ndarray) and value.dtype == object:
+        self._variable[key] = _variable_spec(where, _describe(key), value, padding)
+      elif not isinstance(value, np.ndarray):
         raise DataError(f"{where}: {_describe(key)} is a {type(value).__name__}, "
                         f"not a numpy array")
-      _check_dtype(where, _describe(key), value.dtype)
+      else:
+        _check_dtype(where, _describe(key), value.dtype)
       if value.ndim == 0 or len(value) != count:
         raise DataError(f"{where}: {_describe(key)} has {len(value) if value.ndim else 0} "
                         f"examples but labels has {count}")
@@ -152,7 +174,8 @@ class ArraySource(IndexableSource):
       return self.example_bytes()
     specs = self.leaf_specs()
     features, labels = specs[:len(specs) - self._label_count()], specs[-self._label_count():]
-    return (sum(int(np.prod(shape, dtype=np.int64)) * 4 for shape, _ in features)
+    return (sum(int(np.prod(shape, dtype=np.int64)) * 4 for shape, _ in features
+                if not padding_lib.is_variable(shape))
             + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                   for shape, dtype in labels))
 
@@ -181,7 +204,9 @@ class ArraySource(IndexableSource):
     return [*arrays, *_label_leaves(self.labels).values()]
 
   def leaf_specs(self):
-    return [(a.shape[1:], a.dtype) for a in self._arrays()]
+    keys = [*(self._keys() or [""]), *[None] * self._label_count()]  # labels: fixed shape
+    return [self._variable.get(key) or (a.shape[1:], a.dtype)
+            for key, a in zip(keys, self._arrays())]
 
   def read_leaves(self, rows):
     return [np.take(a, rows, axis=0) for a in self._arrays()]
@@ -206,8 +231,9 @@ class IndexedSource(IndexableSource):
   a line naming it instead of a shape error deep inside TensorFlow.
   """
 
-  def __init__(self, source, *, where: str):
+  def __init__(self, source, *, where: str, padding: padding_lib.Padding | None = None):
     super().__init__(where)
+    self.padding = padding
     self.source = source
     self.feature_name = getattr(source, "feature_name", Source.feature_name)
     try:
@@ -220,7 +246,9 @@ class IndexedSource(IndexableSource):
     features, labels = self._call(probe)
     self.structure = sorted(features) if isinstance(features, dict) else None
     self.label_structure = _label_keys(labels)
-    self.example_spec = {k: (v.shape[1:], v.dtype) for k, v in _leaves(features).items()}
+    self.example_spec = {
+        k: (_variable_spec(where, _describe(k), v, padding) if v.dtype == object
+            else (v.shape[1:], v.dtype)) for k, v in _leaves(features).items()}
     self.example_spec.update({name: (v.shape[1:], v.dtype)
                               for name, v in _label_leaves(labels).items()})
     self._check(probe, features, labels)
@@ -285,13 +313,25 @@ class IndexedSource(IndexableSource):
                       f"got {type(batch).__name__}")
     features, labels = batch
     if isinstance(features, dict):
-      features = {k: np.asarray(v) for k, v in features.items()}
+      features = {k: self._as_array(indices, _describe(k), v) for k, v in features.items()}
     else:
-      features = np.asarray(features)
+      features = self._as_array(indices, "features", features)
     _check_labels(self.where, labels)
     if isinstance(labels, dict):
       return features, {k: np.asarray(v) for k, v in labels.items()}
     return features, np.asarray(labels)
+
+  def _as_array(self, indices, name: str, value) -> np.ndarray:
+    """A feature as numpy: per-example arrays of varying length as an object array."""
+    try:
+      return np.asarray(value)
+    except ValueError as e:  # a ragged list: numpy cannot stack it
+      examples = padding_lib.as_examples(value) if self.padding is not None else None
+      if examples is not None:
+        return examples
+      raise DataError(f"{self.where}: {name} of {_examples(indices)} cannot be one array "
+                      f"({str(e).strip()[:200]}); return per-example arrays of varying length "
+                      f"as a list or an object array, with data.pad_to=longest") from None
 
   def _check(self, indices, features, labels) -> None:
     got_structure = sorted(features) if isinstance(features, dict) else None
@@ -306,6 +346,22 @@ class IndexedSource(IndexableSource):
     for key, value in arrays.items():
       name = key if key.startswith("labels") else _describe(key)
       shape, dtype = self.example_spec[key]
+      if padding_lib.is_variable(shape):
+        if value.dtype != object:
+          raise DataError(f"{self.where}: {name} of {_examples(indices)} are "
+                          f"{value.dtype}{list(value.shape[1:])}, the first ones per-example "
+                          f"arrays of varying length; return the same form for every batch")
+        got = _variable_spec(self.where, f"{name} of {_examples(indices)}", value, self.padding)
+        if len(value) != len(indices) or got != (shape, dtype):
+          raise DataError(f"{self.where}: {name} of {_examples(indices)} are {len(value)} "
+                          f"{got[1]}{_shape(list(got[0]))} examples, the first ones "
+                          f"{dtype}{_shape(list(shape))}; every example must have the same "
+                          f"dtype and trailing dims")
+        continue
+      if value.dtype == object:
+        raise DataError(f"{self.where}: {name} of {_examples(indices)} are per-example arrays "
+                        f"of varying length, the first ones {dtype}{list(shape)}; return the "
+                        f"same form for every batch")
       _check_dtype(self.where, name, value.dtype)
       if value.ndim == 0 or value.shape[0] != len(indices):
         raise DataError(f"{self.where}: {name} of a batch of {len(indices)} indices has shape "
@@ -319,14 +375,16 @@ class IndexedSource(IndexableSource):
 class StreamSource(Source):
   """A callable returning an unbatched tf.data.Dataset of (features, labels)."""
 
-  def __init__(self, make_dataset: Callable, *, where: str):
+  def __init__(self, make_dataset: Callable, *, where: str,
+               padding: padding_lib.Padding | None = None):
     super().__init__(where)
+    self.padding = padding
     self.make_dataset = make_dataset
 
   def check_element_spec(self, element_spec) -> None:
-    """DataError unless the elements are `(features, labels)` examples of one fixed shape:
-    distloop batches them itself (variable shapes cannot be batched; an already batched
-    dataset has an unknown axis 0). Called with the dataset's `element_spec`."""
+    """DataError unless the elements are `(features, labels)` examples of one fixed shape,
+    or with `padding` dims that vary (None): distloop batches them itself (an already
+    batched dataset has an unknown axis 0). Called with the dataset's `element_spec`."""
     if not isinstance(element_spec, tuple) or len(element_spec) != 2:
       raise DataError(f"{self.where}: the dataset's elements must be (features, labels) "
                       f"pairs, got {element_spec}")
@@ -339,8 +397,9 @@ class StreamSource(Source):
     for name, spec in leaves.items():
       if type(spec).__name__ != "TensorSpec":
         raise DataError(f"{self.where}: {name} is a {type(spec).__name__}; distloop batches "
-                        f"dense tensors of a fixed shape: pad or resize each example to one "
-                        f"shape in the dataset (e.g. .to_tensor(shape=...) for a ragged one)")
+                        f"dense tensors: make each example dense in the dataset (e.g. "
+                        f".to_tensor() for a ragged one; with data.pad_to=longest distloop "
+                        f"pads lengths that vary per batch)")
       if spec.shape.rank is None:
         raise DataError(f"{self.where}: {name} has an unknown rank; give every example one "
                         f"fixed shape in the dataset (e.g. tf.ensure_shape or set_shape)")
@@ -350,12 +409,12 @@ class StreamSource(Source):
                       f"element is unknown: {_shapes(shapes)}); return it unbatched "
                       f"(dataset.unbatch()): distloop batches the examples itself")
     for name, shape in shapes.items():
-      if None in shape:
+      if None in shape and self.padding is None:
         raise DataError(f"{self.where}: {name} has shape {_shape(shape)} per example: "
-                        f"its size varies from example to example, and "
-                        f"distloop batches fixed-shape examples; pad or resize each example "
-                        f"to one shape in the dataset (e.g. tf.image.resize, or "
-                        f"padded to a fixed length with tf.pad and then tf.ensure_shape)")
+                        f"its size varies from example to example; set data.pad_to=longest "
+                        f"to pad each batch to its longest example (sequences; data.pad_value "
+                        f"fills it), or give every example one shape in the dataset (e.g. "
+                        f"tf.image.resize for images)")
 
 
 def _shape(shape: list) -> str:
@@ -366,23 +425,25 @@ def _shapes(shapes: dict) -> str:
   return ", ".join(f"{name} {_shape(shape)}" for name, shape in shapes.items())
 
 
-def as_source(value, where: str) -> Source:
-  """Wraps a builder's split in the matching form; DataError naming `where` otherwise."""
+def as_source(value, where: str, padding: padding_lib.Padding | None = None) -> Source:
+  """Wraps a builder's split in the matching form; DataError naming `where` otherwise.
+  `padding` (data.pad_to): how variable-length examples are padded; None refuses them."""
   if isinstance(value, Source):
     return value
   if isinstance(value, tuple) and len(value) == 2:
-    return ArraySource(value[0], value[1], where=where)
+    return ArraySource(value[0], value[1], where=where, padding=padding)
   if hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(
       value, (list, dict, str, np.ndarray)):
-    return IndexedSource(value, where=where)
+    return IndexedSource(value, where=where, padding=padding)
   if callable(value):
-    return StreamSource(value, where=where)
+    return StreamSource(value, where=where, padding=padding)
   raise DataError(f"{where}: a split must be (features, labels) arrays, a random-access "
                   f"source (__len__ and __getitem__) or a callable returning a "
                   f"tf.data.Dataset; got {type(value).__name__}")
 
 
-def as_splits(value, where: str) -> tuple[Source, Source]:
+def as_splits(value, where: str,
+              padding: padding_lib.Padding | None = None) -> tuple[Source, Source]:
   if not isinstance(value, (tuple, list)) or len(value) != 2:
     raise DataError(f"{where} must return (train, eval), two splits, got "
                     f"{_kinds(value)}; {_SPLIT_FORMS}")
@@ -390,8 +451,8 @@ def as_splits(value, where: str) -> tuple[Source, Source]:
     raise DataError(f"{where} must return (train, eval), two splits, got (ndarray, ndarray): "
                     f"one split's (features, labels)? Return ((x_train, y_train), "
                     f"(x_eval, y_eval)); {_SPLIT_FORMS}")
-  train = as_source(value[0], f"{where} train split")
-  evaluation = as_source(value[1], f"{where} eval split")
+  train = as_source(value[0], f"{where} train split", padding)
+  evaluation = as_source(value[1], f"{where} eval split", padding)
   keys = train.label_keys(), evaluation.label_keys()
   if ... not in keys and keys[0] != keys[1]:
     described = [f"a dict ({', '.join(k)})" if k else "one array" for k in keys]
@@ -409,6 +470,22 @@ def _kinds(value) -> str:
     inner = ", ".join(type(v).__name__ for v in value)
     return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
   return type(value).__name__
+
+
+def _examples_or_value(value):
+  """A list of per-example arrays as an object array; anything else as it is."""
+  examples = padding_lib.as_examples(value) if isinstance(value, list) else None
+  return value if examples is None else examples
+
+
+def _variable_spec(where: str, name: str, value: np.ndarray, padding):
+  """((None, *rest), dtype) of an object array of variable-length examples; DataError
+  naming data.pad_to when it is not set, or naming the odd element."""
+  if padding is None:
+    raise DataError(f"{where}: {name} is an object array (examples of varying length?); "
+                    f"set data.pad_to=longest to pad each batch to its longest example "
+                    f"(data.pad_value fills it), or give every example one shape")
+  return padding_lib.check_examples(where, name, value)
 
 
 def _check_dtype(where: str, name: str, dtype: np.dtype) -> None:

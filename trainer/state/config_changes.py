@@ -13,10 +13,11 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               intervals; init_from only applies to a fresh model_dir); runtime.*
               but seed and mixed_precision (strategy, devices and cluster shape:
               elastic resume)
+              data.pad_to (the padded length of a batch, not its examples or order)
   warned      data.dir (the same examples moved to another path, e.g. another mount:
               the order is a function of the seed and the position, so it stays right
               if the files are the same; a warning names both paths)
-  fixed       model.*, data.* but dir, runtime.seed (the data order, and synthetic data),
+  fixed       model.*, data.* but dir and pad_to, runtime.seed (the data order, and synthetic data),
               runtime.mixed_precision (float16 keeps a loss scale in the optimizer
               state), train.loss (and loss_weights), train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
               user's config adds
@@ -47,12 +48,14 @@ _FIXED_FIELDS = {
     "train.ema_decay": "the moving average of the weights (part of the optimizer state)",
 }
 _WARNED_FIELDS = ("data.dir",)
+_MUTABLE_FIELDS = ("data.pad_to",)
 _MISSING = object()
 
 
 def is_fixed(field: str) -> bool:
   """Whether a resume must keep `field` ('model.dense_units') as it was."""
-  return field in _FIXED_FIELDS or field.split(".", 1)[0] not in _MUTABLE_SECTIONS
+  return field in _FIXED_FIELDS or (field not in _MUTABLE_FIELDS
+                                    and field.split(".", 1)[0] not in _MUTABLE_SECTIONS)
 
 
 def check(model_dir: str, config_dict: dict) -> None:

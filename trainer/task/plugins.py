@@ -18,6 +18,7 @@ import sys
 from typing import Callable
 
 import input_pipelines
+from input_pipelines import padding
 from input_pipelines.errors import DataError
 import models
 from trainer.errors import UserError  # re-exported for registries
@@ -78,7 +79,8 @@ def load_data(data_config, seed: int):
   build = resolve("data.name", name, input_pipelines.BUILTINS)
   splits = (build(data_config, seed) if name in input_pipelines.BUILTINS
             else call("data.name", name, build, data_config, seed))
-  return input_pipelines.as_splits(splits, f"data.name={name!r}")
+  return input_pipelines.as_splits(splits, f"data.name={name!r}",
+                                   padding.from_config(data_config))
 
 
 def call(field: str, spec: str, function: Callable, *args):

@@ -13,6 +13,7 @@ import re
 import ml_collections
 
 import input_pipelines
+from input_pipelines import padding
 import models
 from trainer.task import heads
 from trainer.task import plugins
@@ -45,6 +46,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     _positive(config, field)
   _in_range(config, "data.eval_fraction", 0.0, 1.0, high_inclusive=False)
   _one_of(config, "data.channels", (1, 3))
+  try:
+    padding.parse(config.data.pad_to)
+  except ValueError as e:
+    raise UserError(f"data.pad_to={config.data.pad_to!r} {e}") from None
+  _number(config, "data.pad_value")
 
   if config.train.task:
     plugins.resolve("train.task", config.train.task)
