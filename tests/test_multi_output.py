@@ -102,19 +102,45 @@ def test_a_list_of_outputs_ending_in_a_softmax_is_named_by_its_layers(tmp_path):
   assert served["accuracy"] >= 0.95
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("train.loss_weights", "value=x", "'x' (value) is not a number"),
+    ("train.loss_weights", "0.5", "must name outputs: OUTPUT=WEIGHT"),
+    ("train.loss_weights", "value=-1", "the weight of 'value' must be >= 0"),
+    ("train.loss_weights", "vaule=2", "train.loss_weights names ['vaule']"),
+    ("train.loss", "class=sparse_categorical_crossentropy,value", "'value' is not OUTPUT=VALUE"),
+    ("train.loss", "class=sparse_categorical_crossentropy,value=mse", "train.loss='mse' is unknown"),
+    ("eval.metrics", "class=accuracy,=accuracy", "write each output's metric as OUTPUT=METRIC"),
+    ("checkpoint.best_metric", "accuracy", "checkpoint.best_metric='accuracy' is not reported "
+     "(choose from: loss, class_loss, value_loss, class_accuracy, value_mean_absolute_error)"),
+])
+def test_per_output_fields_are_checked_before_anything_runs(field, value, says):
+  """The config's own checks (no model yet, no TensorFlow): each names its field."""
+  import configs  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  from trainer.task import validation  # pylint: disable=g-import-not-at-top
+  config = configs.get("synthetic")
+  config.unlock()
+  config.train.loss = "class=sparse_categorical_crossentropy,value=mean_squared_error"
+  config.eval.metrics = "class=accuracy,value=mean_absolute_error"
+  config.checkpoint.keep_best = 1
+  config.checkpoint.best_metric = "class_accuracy"
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(UserError) as raised:
+    validation.check_config(config)
+  assert says in str(raised.value)
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--config.eval.metrics=accuracy"], "does not say which output"),
-    (["--config.train.loss=klass=sparse_categorical_crossentropy,value=mean_squared_error"],
-     "names outputs ['klass', 'value'], but"),
-    (["--config.train.loss_weights=value=x"], "'x' (value) is not a number"),
-    (["--config.train.loss_weights=vaule=2"], "train.loss_weights names ['vaule']"),
-    (["--config.checkpoint.keep_best=1", "--config.checkpoint.best_metric=accuracy"],
-     "checkpoint.best_metric='accuracy' is not reported"),
-    (["--config.model.name=mlp", "--config.model.num_classes=3", "--config.train.loss=mean_squared_error",
-      "--config.eval.metrics="], "the labels are a dict (class, value) but model.name='mlp' returns one tensor"),
-], ids=["metric_without_output", "loss_of_unknown_output", "weight_not_a_number",
-        "weight_of_unknown_output", "best_metric_without_output", "dict_labels_one_output"])
-def test_mismatches_are_one_line(tmp_path, flags, says):
+    pytest.param(
+        ["--config.train.loss=klass=sparse_categorical_crossentropy,value=mean_squared_error"],
+        "names outputs ['klass', 'value'], but", marks=pytest.mark.slow),
+    (["--config.model.name=mlp", "--config.model.num_classes=3",
+      "--config.train.loss=mean_squared_error", "--config.eval.metrics="],
+     "the labels are a dict (class, value) but model.name='mlp' returns one tensor"),
+], ids=["metric_without_output", "loss_of_unknown_output", "dict_labels_one_output"])
+def test_mismatches_with_the_model_are_one_line(tmp_path, flags, says):
   """Catches: a misnamed output silently ignored (its head untrained) or a traceback."""
   result = run_trainer(tmp_path / "run", *_TWO_HEADS, f"--config.data.name={_PLUGINS}:arrays",
                        "--config.train.steps=10", *flags)

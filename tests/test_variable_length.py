@@ -178,6 +178,7 @@ def test_sequences_train_from_numpy_and_the_export_serves_new_lengths(tmp_path):
   assert outputs.shape == (3, 2)
 
 
+@pytest.mark.slow  # the stream's padding and buckets are unit-tested above, in-process
 def test_sequences_train_from_a_stream_padded_to_the_buckets(tmp_path):
   lengths_file = tmp_path / "lengths.txt"
   result = run_trainer(tmp_path / "run", *_FLAGS, _data("stream_sequences"),
@@ -211,21 +212,25 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, data):
 @pytest.mark.parametrize("flags, message", [
     ([_data("numpy_sequences")], "features is an object array (examples of varying length?); "
                                  "set data.pad_to=longest"),
-    ([_data("stream_sequences")], "its size varies from example to example; set "
-                                  "data.pad_to=longest"),
-    ([_data("indexed_sequences")], "with data.pad_to=longest"),
-    ([_data("numpy_sequences"), "--config.data.pad_to=64,32"],
-     "data.pad_to='64,32' bucket boundaries must be positive and strictly increasing"),
+    # (slow: the same path as a fast case, or its parsing unit-tested above)
+    pytest.param([_data("stream_sequences")], "its size varies from example to example; set "
+                                              "data.pad_to=longest", marks=pytest.mark.slow),
+    pytest.param([_data("indexed_sequences")], "with data.pad_to=longest",
+                 marks=pytest.mark.slow),
+    pytest.param([_data("numpy_sequences"), "--config.data.pad_to=64,32"],
+                 "data.pad_to='64,32' bucket boundaries must be positive and strictly "
+                 "increasing", marks=pytest.mark.slow),
     ([_data("numpy_sequences"), "--config.data.pad_to=shortest"],
      "data.pad_to='shortest' must be \"\", \"longest\" or bucket boundaries"),
     ([_data("mixed_dtypes"), "--config.data.pad_to=longest"],
      "train split: features element 7 is float64[?], element 0 int32[?]"),
-    ([_data("mixed_ranks"), "--config.data.pad_to=longest"],
-     "train split: features element 3 is int32[?, 2], element 0 int32[?]"),
+    pytest.param([_data("mixed_ranks"), "--config.data.pad_to=longest"],
+                 "train split: features element 3 is int32[?, 2], element 0 int32[?]",
+                 marks=pytest.mark.slow),
     ([_data("padded_batch_stream"), "--config.data.pad_to=longest"],
      "the dataset looks batched already"),
-    ([_data("ragged_stream"), "--config.data.pad_to=longest"],
-     "features is a RaggedTensorSpec"),
+    pytest.param([_data("ragged_stream"), "--config.data.pad_to=longest"],
+                 "features is a RaggedTensorSpec", marks=pytest.mark.slow),
 ])
 def test_refused_in_one_line(tmp_path, flags, message):
   model_dir = tmp_path / "run"
