@@ -195,6 +195,19 @@ def test_sequences_train_from_a_stream_padded_to_the_buckets(tmp_path):
 
 
 @pytest.mark.slow
+def test_sequences_train_on_two_replicas_with_accumulation(tmp_path):
+  """Each replica's batch is padded to its own longest, and accumulation splits a batch
+  whose length is known only when it arrives: catches a reshape that needs a static
+  length (it failed so), and replicas that disagree on the padded shape."""
+  summary = train_ok(tmp_path, *_FLAGS, _data("numpy_sequences"), "--config.data.pad_to=longest",
+                     "--config.train.steps=300", "--config.runtime.strategy=mirrored",
+                     "--config.runtime.num_cpu_devices=2", "--config.train.accumulation_steps=2")
+  assert summary["num_replicas"] == 2
+  assert summary["eval_accuracy"] >= _TARGET_ACCURACY, summary
+  assert summary["eval_examples"] == _EVAL
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("data", ["numpy_sequences", "stream_sequences", "indexed_sequences"])
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, data):
   flags = [*_FLAGS, _data(data), "--config.data.pad_to=32,64,128",

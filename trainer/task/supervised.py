@@ -136,7 +136,8 @@ class SupervisedTask(contract.Task):
     model.losses count once per step (on the first micro-batch); per-example values come
     back in the batch's order."""
     k = self._accumulation_steps
-    split = lambda tensor: tf.reshape(tensor, [k, -1, *tensor.shape[1:]])
+    def split(tensor):  # [b, ...] -> [k, b / k, ...]; a padded length may be unknown
+      return tf.reshape(tensor, tf.concat([[k, -1], tf.shape(tensor)[1:]], axis=0))
     features, labels = tf.nest.map_structure(split, (features, labels))
     variables = self.model.trainable_variables
     names = ["loss", "regularization_loss",
