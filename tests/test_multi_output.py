@@ -3,7 +3,8 @@ output served by name (trainer/task/heads.py).
 
 The model (tests/multi_output_plugins.py) has two heads on one hidden layer: `class`
 (3-class logits) and `value` (a regression). Targets were measured: 300 Adam steps
-reach eval class accuracy 0.998 and value MAE 0.17 (predicting the mean: MAE 2.5).
+reach eval class accuracy 0.998 and value MAE 0.17 (predicting the mean: MAE 1.19;
+chance accuracy: 0.33).
 """
 import json
 import os
