@@ -107,7 +107,7 @@ def _join(parts: list, pieces: list, variable):
         indices.append(tf.cast(piece.indices, tf.int64) + offset)
       offset += part.shape[0]
     return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0),
-                            tf.constant(variable.shape, tf.int64))
+                            tf.constant(list(variable.shape), tf.int64))
   return tf.concat([tf.zeros(part.shape, part.dtype) if piece is None
                     else tf.convert_to_tensor(piece) for part, piece in zip(parts, pieces)], 0)
 
