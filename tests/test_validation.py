@@ -39,9 +39,9 @@ def test_shipped_configs_are_valid(name):
     ("data.num_users", 0, "data.num_users=0 must be positive"),
     # runtime.variable_partitioner: a form TensorFlow's partitioners cannot take, and a
     # partitioner without parameter servers (it would be silently ignored otherwise).
-    ("runtime.variable_partitioner", "min_size", "must be \"\" (none), fixed:<shards>"),
-    ("runtime.variable_partitioner", "fixed:0", "must be \"\" (none)"),
-    ("runtime.variable_partitioner", "shards:2", "must be \"\" (none)"),
+    ("runtime.variable_partitioner", "min_size", "min_size. must be \"\" .none., fixed:<shards>, min_size:<bytes>"),
+    ("runtime.variable_partitioner", "fixed:0", "must be \"\" .none.,"),
+    ("runtime.variable_partitioner", "shards:2", "must be \"\" .none.,"),
     ("runtime.variable_partitioner", "fixed:2",
      "needs runtime.strategy='parameter_server', not 'default'"),
 ])
