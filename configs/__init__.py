@@ -5,7 +5,7 @@ config file (`--config=path/to/my_config.py`) works too.
 """
 import os
 
-NAMES = ("synthetic", "mnist_cnn", "tabular", "regression", "image_folder")
+NAMES = ("synthetic", "mnist_cnn", "tabular", "regression", "image_folder", "recommender")
 
 
 def path_of(name: str) -> str:

@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.mlp_units = 128         # mlp: units of the hidden dense layer
   config.model.dropout_rate = 0.2      # mlp: dropout after the hidden layer
   config.model.hidden_units = 16       # tabular: units of the hidden dense layer
+  config.model.embedding_dim = 128     # recommender: width of the user and item embeddings
   config.model.num_outputs = 1         # tabular: outputs of the last layer (1: a logit or a value)
 
   config.data = ml_collections.ConfigDict()
@@ -28,6 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.pad_value = 0.0          # pad_to: the value padding fills in (Keras Embedding(mask_zero=True) masks 0)
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
+  config.data.num_users = 200_000      # recommender: user ids 0..num_users-1 (the user table: num_users x model.embedding_dim floats)
+  config.data.num_items = 1_000        # recommender: item ids 0..num_items-1
   config.data.num_features = 10        # tabular, regression (synthetic): features per row
   config.data.label_column = "label"   # tabular, regression (CSV): the column holding the label
   config.data.eval_fraction = 0.2      # tabular, regression, image_folder: held-out share when there is no test split
@@ -95,5 +98,6 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.profile_steps = ""   # "START,END": a tf.profiler trace of those steps into tensorboard/
   config.runtime.jit_compile = "auto"  # XLA for the whole step: "true" | "false" | "auto" (= on GPU/TPU, off on CPU: measured)
   config.runtime.mixed_precision = "float32"  # float32 | bfloat16 | float16 (with dynamic loss scaling)
+  config.runtime.variable_partitioner = ""  # parameter_server: split large variables over the servers along axis 0: "" = none | fixed:<shards> | min_size:<bytes> (shards of at least that size) | max_size:<bytes> (shards of at most that size); never more shards than servers
   config.runtime.slurm_port_base = 8888  # Slurm clusters: the first gRPC port on every node
   return config

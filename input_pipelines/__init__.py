@@ -23,6 +23,7 @@ _MODULES = {  # name -> (module, function); imported on first use
     "regression": ("input_pipelines.table", "build_regression"),
     "image_folder": ("input_pipelines.image_folder", "build"),
     "records": ("input_pipelines.records", "build"),
+    "recommender": ("input_pipelines.recommender", "build"),
 }
 
 

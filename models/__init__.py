@@ -17,6 +17,7 @@ _MODULES = {
     "mnist_cnn": "models.mnist_cnn",
     "mlp": "models.mlp",
     "tabular": "models.tabular",
+    "recommender": "models.recommender",
 }
 
 NEEDS_NUM_CLASSES = ("mnist_cnn", "mlp")  # their last layer has model.num_classes logits

@@ -35,6 +35,15 @@ def test_shipped_configs_are_valid(name):
     ("runtime.slurm_port_base", 70000, "runtime.slurm_port_base=70000 must be in [1, 65535]"),
     ("runtime.num_cpu_devices", 0, "runtime.num_cpu_devices=0 must be positive"),
     ("runtime.all_reduce_implementation", "mpi", "is unknown"),
+    ("model.embedding_dim", 0, "model.embedding_dim=0 must be positive"),
+    ("data.num_users", 0, "data.num_users=0 must be positive"),
+    # runtime.variable_partitioner: a form TensorFlow's partitioners cannot take, and a
+    # partitioner without parameter servers (it would be silently ignored otherwise).
+    ("runtime.variable_partitioner", "min_size", "min_size. must be \"\" .none., fixed:<shards>, min_size:<bytes>"),
+    ("runtime.variable_partitioner", "fixed:0", "must be \"\" .none.,"),
+    ("runtime.variable_partitioner", "shards:2", "must be \"\" .none.,"),
+    ("runtime.variable_partitioner", "fixed:2",
+     "needs runtime.strategy='parameter_server', not 'default'"),
 ])
 def test_bad_values_are_refused_by_name(field, value, message):
   config = synthetic.get_config()

@@ -10,6 +10,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from trainer.cluster import sharding
 from trainer.errors import UserError
 
 
@@ -113,7 +114,11 @@ def _parameter_server_strategy(runtime_config: ml_collections.ConfigDict):
     raise UserError("runtime.strategy='parameter_server' needs a cluster with 'ps' and 'worker' "
                     "tasks: start it with `python -m trainer.launch --num_workers=N --num_ps=M` "
                     "or set TF_CONFIG")
-  return tf.distribute.experimental.ParameterServerStrategy(resolver)
+  # runtime.variable_partitioner: large variables split over the servers (at most one
+  # shard per server); trainer/cluster/sharding.py sees the trainer through it.
+  return tf.distribute.experimental.ParameterServerStrategy(
+      resolver, variable_partitioner=sharding.partitioner(runtime_config.variable_partitioner,
+                                                          len(cluster["ps"])))
 
 
 def _tpu_strategy():

@@ -29,6 +29,7 @@ from input_pipelines.sources import Source
 from trainer import task as tasks
 from trainer.cluster import preemption
 from trainer.cluster import runtime
+from trainer.cluster import sharding
 from trainer.cluster.agreement import Agreement
 from trainer.loop import actions as actions_module
 from trainer.loop import metrics_log
@@ -91,7 +92,8 @@ class Trainer:
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
     self.task = tasks.create(config, task)
-    with strategy.scope():
+    # Optimizer slots of a sharded variable are sharded like it (trainer/cluster/sharding.py).
+    with strategy.scope(), sharding.slots_follow_shards():
       context = tasks.BuildContext(config, self.features_spec, labels_spec, self._probe,
                                    strategy)
       context.sources = splits
@@ -211,6 +213,8 @@ class Trainer:
                  config.runtime.strategy, runtime.cpu_kernels(),
                  f", {threads} thread(s) per op" if threads else "", position.step, total)
     described = self.state.describe()
+    described += sharding.placement({**self.state.model_variables,
+                                     **self.state.optimizer_variables})
     if config.train.accumulation_steps > 1:
       micro = batch_size // self.strategy.num_replicas_in_sync // config.train.accumulation_steps
       described.append(f"each step: {config.train.accumulation_steps} micro-batches of {micro} "

@@ -29,6 +29,7 @@ import time  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
+from trainer.cluster import sharding  # pylint: disable=wrong-import-position
 from trainer.state import model_dir as layout  # pylint: disable=wrong-import-position
 from trainer.state import storage  # pylint: disable=wrong-import-position
 from trainer.state import write_echoes  # pylint: disable=wrong-import-position
@@ -57,11 +58,16 @@ def variables_tree(keyed_variables: dict) -> dict:
     node = tree
     for part in parents:
       node = node.setdefault(part, {})
-    node[leaf] = np.asarray(variable)  # a copy: orbax may write it after training moves on
+    # A copy (orbax may write it after training moves on); a sharded variable's whole
+    # value, so the checkpoint does not depend on how many servers held it.
+    node[leaf] = sharding.to_numpy(variable) if sharding.is_sharded(variable) else np.asarray(
+        variable)
   return tree
 
 
 def assign_tree(keyed_variables: dict, tree: dict) -> None:
+  """The arrays of `tree` into the variables of the same keys (a sharded variable's whole
+  value is split over its shards by the assignment)."""
   flat = _flatten(tree)
   for key, variable in keyed_variables.items():
     variable.assign(flat[key])

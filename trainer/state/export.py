@@ -18,6 +18,7 @@ import shutil
 import keras
 import tensorflow as tf
 
+from trainer.cluster import sharding
 from trainer.state import storage
 
 
@@ -51,7 +52,7 @@ def export_saved_model(served, destination: str, before_write=None) -> None:
   """`served`: the task's Export (trainer/task/contract.py), its input_spec set;
   `before_write()` runs just before the SavedModel is written (the "export" phase)."""
   input_spec = served.input_spec
-  weights = [variable.numpy() for variable in served.model.variables]
+  weights = [sharding.to_numpy(variable) for variable in served.model.variables]
   model = _plain_copy(served, input_spec)
   if model is not served.model:
     for variable, value in zip(model.variables, weights, strict=True):

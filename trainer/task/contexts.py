@@ -8,6 +8,7 @@ is a stateless function of (runtime.seed, step) (`normal`, `uniform`, `seed`).
 """
 import tensorflow as tf
 
+from trainer.cluster import sharding
 from trainer.task import optimizers
 from trainer.errors import UserError
 
@@ -80,7 +81,11 @@ class StepContext:
     (apply_gradients takes it off after the reduction)."""
     scale = self._loss_scales.get(id(optimizer))
     output_gradients = None if scale is None else tf.cast(scale.scale, loss.dtype)
-    return tape.gradient(loss, list(variables), output_gradients=output_gradients)
+    # A sharded variable (runtime.variable_partitioner): its shards' gradients, joined.
+    variables = list(variables)
+    gradients = tape.gradient(loss, sharding.gradient_sources(variables),
+                              output_gradients=output_gradients)
+    return sharding.join_gradients(variables, gradients)
 
   def apply_gradients(self, optimizer, gradients, variables, name: str | None = None):
     """One update of `variables` by `optimizer` from this replica's gradients: summed

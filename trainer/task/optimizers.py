@@ -21,6 +21,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from trainer.cluster import sharding
 from trainer.errors import UserError
 from trainer.task import plugins
 from trainer.task import validation
@@ -301,8 +302,11 @@ _FUSED_MIN_ELEMENTS = 1 << 14
 def _update(strategy, optimizer, grads, variables, jit_compile: bool,
             fused_kernels: bool = True) -> None:
   fused = _fused_step(optimizer) if fused_kernels and not jit_compile else None
+  # A sharded variable takes Keras's update_step: its assignments split over the shards
+  # (a fused kernel needs one variable handle).
   steps = [fused if fused and variable.shape.num_elements() >= _FUSED_MIN_ELEMENTS
-           else optimizer.update_step for variable in variables]
+           and not sharding.is_sharded(variable) else optimizer.update_step
+           for variable in variables]
 
   decayed = [decays(optimizer, variable) for variable in variables]
   averages = averages_of(optimizer, variables)
@@ -338,5 +342,9 @@ def _update(strategy, optimizer, grads, variables, jit_compile: bool,
     # A function per device: a trace captures that device's copies of the variables.
     return tf.function(update_all, jit_compile=jit_compile, autograph=False)(*device_grads)
 
-  strategy.extended.update(variables[0].value,  # the tf.Variable (a MirroredVariable)
+  # The tf.Variable (a MirroredVariable) the update runs by; a sharded one has no single
+  # device: its first shard's then.
+  anchor = next((variable.value for variable in variables if not sharding.is_sharded(variable)),
+                None)
+  strategy.extended.update(anchor if anchor is not None else sharding.shards(variables[0])[0],
                            on_device, args=tuple(grads), group=False)

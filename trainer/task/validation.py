@@ -38,10 +38,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop/controller.py)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
+  _positive(config, "model.embedding_dim")
+
   plugins.resolve("data.name", config.data.name, input_pipelines.BUILTINS)
   if config.data.preprocess:
     plugins.resolve("data.preprocess", config.data.preprocess)
   for field in ("data.num_train_examples", "data.num_eval_examples", "data.num_features",
+                "data.num_users", "data.num_items",
                 "data.image_size"):
     _positive(config, field)
   _in_range(config, "data.eval_fraction", 0.0, 1.0, high_inclusive=False)
@@ -127,6 +130,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "runtime.mixed_precision", PRECISIONS)
   _profile_window(config.runtime.profile_steps)
   _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
+  _variable_partitioner(config.runtime)
   if config.runtime.mlflow_uri and importlib.util.find_spec("mlflow") is None:
     raise UserError(f"runtime.mlflow_uri={config.runtime.mlflow_uri!r} needs the MLflow client: "
                     f"pip install -e '.[mlflow]' (or pip install mlflow-skinny)")
@@ -210,6 +214,21 @@ def _number(config, field):
   if math.isnan(value) or math.isinf(value):
     raise UserError(f"{field}={value!r} must be a finite number")
   return value
+
+
+def _variable_partitioner(runtime) -> None:
+  """runtime.variable_partitioner: its form (trainer/cluster/sharding.py), and only where
+  there are parameter servers to split variables over."""
+  spec = runtime.variable_partitioner
+  if not spec:
+    return
+  if not re.fullmatch(r"(fixed|min_size|max_size):[1-9][0-9]*", spec):
+    raise UserError(f"runtime.variable_partitioner={spec!r} must be \"\" (none), "
+                    f"fixed:<shards>, min_size:<bytes> or max_size:<bytes> (a positive integer)")
+  if runtime.strategy != "parameter_server":
+    raise UserError(f"runtime.variable_partitioner={spec!r} splits variables over parameter "
+                    f"servers: it needs runtime.strategy='parameter_server', not "
+                    f"{runtime.strategy!r}")
 
 
 def _positive(config, field):
