@@ -78,6 +78,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   available, then (training) the writer lock on model_dir, then the Trainer.
   `config_source` says in words where the config came from (the logs of eval modes).
   """
+  layout.check_local(model_dir)  # a gs:// or s3:// URL: refused, naming the FUSE route
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
   layout.check_layout(model_dir)
