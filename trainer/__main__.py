@@ -5,8 +5,14 @@ signal handlers come first, before the heavier imports (a signal at any moment i
 a request to stop, never a bare death: trainer/cluster/preemption.py).
 """
 if __name__ == "__main__":
+  import sys
+  from trainer import errors
   from trainer.cluster import preemption
   preemption.install(start_up=True)
+  try:  # a signal during the imports below exits with --preempted_exit_code too
+    errors.set_preempted_exit_code(errors.preempted_exit_code_in(sys.argv[1:]) or errors.EXIT_PREEMPTED)
+  except errors.UserError:
+    pass  # main.run() refuses it in one line
 
   from absl import flags
   from trainer.cli import main

@@ -26,6 +26,7 @@ from absl import logging
 import input_pipelines
 from input_pipelines import memory
 from input_pipelines.native_output import native_startup_silenced
+from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import config_changes
@@ -78,6 +79,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   available, then (training) the writer lock on model_dir, then the Trainer.
   `config_source` says in words where the config came from (the logs of eval modes).
   """
+  layout.check_local(model_dir)  # a gs:// or s3:// URL: refused, naming the FUSE route
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
   layout.check_layout(model_dir)
@@ -87,6 +89,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     raise UserError(f"checkpoint.early_stop_patience={config.checkpoint.early_stop_patience} "
                     f"needs evals during training: --mode=train_and_eval (every "
                     f"eval.interval steps)")
+  kubernetes.export_tf_config()  # an Indexed Job's pod: TF_CONFIG from its index (if unset)
   if is_parameter_server_task(config):
     raise UserError("this process is a worker or ps task of a parameter-server cluster "
                     "(TF_CONFIG): it serves; run `python -m trainer` there")

@@ -8,6 +8,11 @@ EXIT_OK = 0          # done (re-running a finished job is a quick no-op that say
 EXIT_FAILURE = 1     # anything else: a failed run (NonFiniteError, StorageError, a bug)
 EXIT_BAD_INPUT = 2   # bad flag, config, plug-in, data or model_dir: nothing written
 EXIT_PREEMPTED = 42  # stopped with the current step on disk: run the same command again
+                     # (the default of --preempted_exit_code, for schedulers that retry only
+                     # some codes: a Kubeflow TFJob's ExitCode policy retries >= 128)
+
+_RESERVED = {EXIT_OK: "done", EXIT_FAILURE: "a failure", EXIT_BAD_INPUT: "bad input"}
+_preempted_exit_code = EXIT_PREEMPTED  # what this process exits with when preempted
 
 
 class UserError(Exception):
@@ -53,11 +58,53 @@ class Preempted(BaseException):
     self.step = step
 
 
+def check_preempted_exit_code(code) -> int:
+  """The code as an int, or UserError: 3..255, as 0, 1 and 2 already mean something and
+  a process exit status is one byte."""
+  try:
+    number = int(str(code).strip())
+  except ValueError:
+    raise UserError(f"--preempted_exit_code={code}: not an integer (3..255; default "
+                    f"{EXIT_PREEMPTED})") from None
+  if number in _RESERVED:
+    raise UserError(f"--preempted_exit_code={number}: {number} already means "
+                    f"{_RESERVED[number]}; use 3..255 (default {EXIT_PREEMPTED})")
+  if not 3 <= number <= 255:
+    raise UserError(f"--preempted_exit_code={number}: an exit status is 3..255 here "
+                    f"(default {EXIT_PREEMPTED})")
+  return number
+
+
+def set_preempted_exit_code(code: int) -> None:
+  """The code a preempted run of this process exits with (the CLI's flag)."""
+  global _preempted_exit_code
+  _preempted_exit_code = check_preempted_exit_code(code)
+
+
+def preempted_exit_code() -> int:
+  """EXIT_PREEMPTED unless --preempted_exit_code said otherwise."""
+  return _preempted_exit_code
+
+
+def preempted_exit_code_in(argv: list[str]) -> str | None:
+  """The value of --preempted_exit_code in a command line (`=V` or a separate V), or
+  None: read before the flags are parsed (a signal during start-up exits with it) and
+  by the launcher, which passes the trainer's flags through."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      break
+    name, equals, rest = arg.partition("=")
+    if name in ("--preempted_exit_code", "-preempted_exit_code"):
+      value = rest if equals else (argv[i + 1] if i + 1 < len(argv) else "")
+  return value
+
+
 def exit_code(error: BaseException) -> int:
   """The exit code of a run that ended with `error`."""
   from input_pipelines.errors import DataError  # pylint: disable=g-import-not-at-top
   if isinstance(error, Preempted):
-    return EXIT_PREEMPTED
+    return _preempted_exit_code
   if isinstance(error, (UserError, DataError)):
     return EXIT_BAD_INPUT
   return EXIT_FAILURE

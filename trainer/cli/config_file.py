@@ -28,6 +28,7 @@ from configs.files import resolve
 from configs.files import ConfigFileError
 from configs.files import load
 from trainer.state import model_dir as layout
+from trainer.errors import UserError
 
 READING_MODES = ("eval", "export", "continuous_eval")
 _DEFAULT = "synthetic"
@@ -46,6 +47,11 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
       resolved[index] = "--config=" + spec
     return resolved, _described(spec)
   model_dir = _flag_value(resolved, "model_dir")[1]
+  if model_dir:
+    try:  # before looking for a config.json there: the refusal names the FUSE route
+      layout.check_local(model_dir)
+    except UserError as e:
+      raise ConfigFileError(str(e)) from None
   mode = _flag_value(resolved, "mode")[1] or "train"
   recorded = layout.config_path(model_dir) if model_dir else None
   if recorded and os.path.isfile(recorded):

@@ -7,7 +7,9 @@ request to stop, trainer/cluster/preemption.py; during start-up it ends the run
 within seconds, a hung plug-in or config included); then the flags and the
 config (chosen and loaded by trainer/cli/config_file.py), then api.execute. Each
 error it raises becomes one line on stderr and the exit code of
-trainer/errors.py's table: 0 done, 1 failure, 2 bad input, 42 preempted.
+trainer/errors.py's table: 0 done, 1 failure, 2 bad input, 42 preempted (or
+--preempted_exit_code, read from the command line first thing: a signal during
+start-up exits with it too).
 """
 import json
 import os
@@ -29,6 +31,7 @@ from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import model_dir as layout
 from trainer.task import validation
+from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
 from trainer.errors import exit_code
@@ -50,6 +53,13 @@ _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
 _CHECKPOINT_STEP = flags.DEFINE_integer(
     "checkpoint_step", None, "--mode=eval: evaluate this checkpoint step instead of the latest",
     lower_bound=0)
+# Read by run() before the flags are parsed (errors.preempted_exit_code_in); defined here
+# for --help and so that absl accepts it.
+flags.DEFINE_string(
+    "preempted_exit_code", str(EXIT_PREEMPTED),
+    f"the exit code of a run stopped by SIGTERM/SIGINT/SIGHUP with its step on disk (3..255; "
+    f"default {EXIT_PREEMPTED}): e.g. 143 for a scheduler that retries only codes >= 128 "
+    f"(a Kubeflow TFJob's restartPolicy ExitCode)")
 
 
 def main(argv):
@@ -65,7 +75,7 @@ def main(argv):
     return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
   except Preempted as e:
     _report_preempted(e)
-    code, line = EXIT_PREEMPTED, None
+    code, line = errors.preempted_exit_code(), None
   except Exception as e:  # pylint: disable=broad-except
     error = api.translate(e) or e
     code = exit_code(error)
@@ -142,7 +152,7 @@ def _serve() -> int:
   while not preemption.requested():  # the server runs in its own threads
     preemption.sleep(1.0)
   logging.warning("stopped serving (%s); the chief owns the state", server.target)
-  return EXIT_PREEMPTED
+  return errors.preempted_exit_code()
 
 
 def _load_config():
@@ -198,10 +208,16 @@ def _report_preempted(stop: Preempted) -> None:
 
 def run() -> None:
   preemption.install(start_up=True)  # before flags, TensorFlow or any write: no bare signal death
+  code = errors.preempted_exit_code_in(sys.argv[1:])
+  if code is not None:
+    try:  # first: a signal from now on exits with it
+      errors.set_preempted_exit_code(code)
+    except UserError as e:
+      _fail(EXIT_BAD_INPUT, e)
   try:
     preemption.start_up()  # a config's get_config or a plug-in may block: a signal ends it
     app.run(main, flags_parser=_parse_flags)
   except Preempted as e:  # before main(): while the flags (and so the config file) load
     _report_preempted(e)
-    sys.exit(EXIT_PREEMPTED)
+    sys.exit(errors.preempted_exit_code())
 

@@ -19,7 +19,9 @@ Exit codes are the job's: 0 done, 2 bad input (never retried), 42 preempted
 else, including failures beyond --max_restarts restarts. Once a signal was
 forwarded, trainers that end with 0, 42 or death by that very signal (one still
 starting up) make the job 42 unless all of them finished (0): the latest complete
-checkpoint is on disk and the same command resumes from it.
+checkpoint is on disk and the same command resumes from it. A trainer flag
+--preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
+exit N when preempted, and so does the job.
 """
 import ctypes
 import dataclasses
@@ -35,7 +37,8 @@ import time
 from absl import app
 from absl import flags
 
-from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED  # no TensorFlow
+from trainer import errors  # no TensorFlow
+from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 
 _POLL_SEC = 0.1
 _GRACE_SEC = 5.0  # servers get SIGTERM, then SIGKILL after this
@@ -128,8 +131,9 @@ class Launcher:
   """
 
   def __init__(self, module: str, trainer_flags: list[str], num_workers: int, num_ps: int,
-               max_restarts: int):
+               max_restarts: int, preempted: int = EXIT_PREEMPTED):
     self.command = [sys.executable, "-m", module, *trainer_flags]
+    self.preempted = preempted  # the trainers' --preempted_exit_code: "run me again"
     self.num_workers, self.num_ps, self.max_restarts = num_workers, num_ps, max_restarts
     self.restarts = 0
     self.tasks: list[Task] = []
@@ -206,12 +210,12 @@ class Launcher:
     for task, code in zip(self.tasks, codes):
       if code == EXIT_BAD_INPUT:
         return code  # bad input is the same on a retry
-      if code not in (None, EXIT_OK, EXIT_PREEMPTED) and not self._stopped_by_signal(code):
+      if code not in (None, EXIT_OK, self.preempted) and not self._stopped_by_signal(code):
         raise GroupFailed(f"{task.name} {_describe(code)}")
     if None in codes:
       return None
     if self._stopping:  # asked to stop: anything short of all done is "run me again"
-      return EXIT_OK if set(codes) == {EXIT_OK} else EXIT_PREEMPTED
+      return EXIT_OK if set(codes) == {EXIT_OK} else self.preempted
     if len(set(codes)) > 1:
       raise GroupFailed(f"the workers disagree: exit codes {codes}")
     return codes[0]
@@ -224,10 +228,10 @@ class Launcher:
     """The chief decides; a lost worker is restarted alone, a lost ps restarts the group."""
     chief, servers = self.tasks[0], self.tasks[1:]
     code = chief.process.poll()
-    if code in (EXIT_OK, EXIT_BAD_INPUT, EXIT_PREEMPTED):
+    if code in (EXIT_OK, EXIT_BAD_INPUT, self.preempted):
       return code
     if code is not None and self._stopped_by_signal(code):
-      return EXIT_PREEMPTED
+      return self.preempted
     if code is not None:
       raise GroupFailed(f"{chief.name} {_describe(code)}")
     if self._stopping:
@@ -302,8 +306,13 @@ def _strategy_flags(trainer_flags: list[str], num_ps: int) -> list[str]:
 
 def main(argv: list[str]) -> int:
   trainer_flags = _strategy_flags(argv[1:], _NUM_PS.value)
+  try:
+    preempted = errors.check_preempted_exit_code(
+        errors.preempted_exit_code_in(trainer_flags) or EXIT_PREEMPTED)
+  except errors.UserError as e:
+    _fail(e)
   launcher = Launcher(_TRAINER_MODULE.value, trainer_flags, _NUM_WORKERS.value, _NUM_PS.value,
-                      _MAX_RESTARTS.value)
+                      _MAX_RESTARTS.value, preempted)
   return launcher.run()
 
 

@@ -37,6 +37,7 @@ from typing import Callable
 
 from absl import logging
 
+from trainer import errors
 from trainer.errors import Preempted
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -142,11 +143,11 @@ def _handle(signum, frame) -> None:
       raise Preempted(None, signal_name=name)
     return
   logging.warning("%s: stopping at the next safe point (a loop boundary, or the end of "
-                  "the current phase), then exiting 42", name)
+                  "the current phase), then exiting %d", name, errors.preempted_exit_code())
 
 
 def _arm_watchdog(stop: Preempted) -> None:
-  """Exits 42 after `_WATCHDOG_SECONDS`, saying so unless the run already did: a
+  """Exits 42 (--preempted_exit_code) after `_WATCHDOG_SECONDS`, saying so unless the run already did: a
   plug-in stuck in native code never lets the raised Preempted through."""
   def expire():
     if not _reported.is_set():
@@ -161,7 +162,7 @@ def _arm_watchdog(stop: Preempted) -> None:
         undo()
       except Exception:  # pylint: disable=broad-except  (exiting anyway)
         pass
-    os._exit(42)  # pylint: disable=protected-access
+    os._exit(errors.preempted_exit_code())  # pylint: disable=protected-access
   watchdog = threading.Timer(_WATCHDOG_SECONDS, expire)
   watchdog.daemon = True
   watchdog.start()

@@ -10,6 +10,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from trainer.cluster import kubernetes
 from trainer.cluster import sharding
 from trainer.errors import UserError
 
@@ -51,8 +52,10 @@ def seed(runtime_config: ml_collections.ConfigDict) -> None:
 
 
 def cluster_resolver(runtime_config: ml_collections.ConfigDict):
-  """Where this process sits in a cluster: TF_CONFIG if set, else Slurm's environment
+  """Where this process sits in a cluster: TF_CONFIG if set (or built from a Kubernetes
+  Indexed Job's environment: trainer/cluster/kubernetes.py), else Slurm's environment
   (SLURM_PROCID inside an `srun` step), else None (a single process)."""
+  kubernetes.export_tf_config()
   if os.environ.get("TF_CONFIG"):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
   if "SLURM_PROCID" in os.environ and "SLURM_STEP_NODELIST" in os.environ:

@@ -11,6 +11,8 @@
   summary.json          written when a run finishes
   .lock                 held by the writing trainer (trainer/state/writer_lock.py)
 
+`check_local` refuses a URL (`gs://`, `s3://`, any `scheme://`): the lock and the
+atomic renames need a POSIX file system, so a bucket is used through a FUSE mount.
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
 symbolic link loop); `check_writable` finds a read-only directory at start-up,
@@ -18,6 +20,7 @@ not at the first save after the training.
 """
 import json
 import os
+import re
 import tempfile
 import time
 
@@ -30,6 +33,21 @@ _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tenso
 _FILES = ("config.json", "summary.json", LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
+
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_local(path: str, what: str = "--model_dir") -> None:
+  """UserError for a URL: tf.io could write some files there, but not the one-writer lock
+  (O_EXCL) nor the atomic renames the checkpoints and JSON files rely on, and a plain
+  os.makedirs would create a local directory named `gs:`. No half-working path."""
+  match = _URL.match(str(path))
+  if match:
+    raise UserError(f"{what}={path}: {match.group(1)}:// URLs are not supported (distloop's "
+                    f"one-writer lock and atomic renames need a POSIX file system); mount the "
+                    f"bucket with a FUSE driver (gcsfuse, mountpoint-s3, s3fs) and give the "
+                    f"mount path, e.g. {what}=/mnt/bucket/run1")
 
 
 def check_layout(model_dir: str) -> None:
