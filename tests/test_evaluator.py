@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 import configs
 from tests.cli import run_trainer
@@ -114,9 +115,7 @@ def _scalars(path: str) -> dict[str, dict[int, float]]:
   accumulator = event_accumulator.EventAccumulator(path,
                                                    size_guidance={event_accumulator.TENSORS: 0})
   accumulator.Reload()
-  return {tag: {event.step: float(event.tensor_proto.float_val[0]
-                                  if event.tensor_proto.float_val
-                                  else event.tensor_proto.double_val[0])
+  return {tag: {event.step: float(tensor_util.make_ndarray(event.tensor_proto))
                 for event in accumulator.Tensors(tag)}
           for tag in accumulator.Tags()["tensors"]}
 
