@@ -301,3 +301,80 @@ def test_bad_launcher_flag_exits_2_with_one_line(state_dir, launcher_flags):
   lines = result.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("distloop.launch: error: "), result.stderr
   assert not _starts(state_dir)
+
+
+# -- the evaluator task (--num_evaluators=1) ------------------------------------------
+
+
+def test_the_evaluator_is_listed_in_every_tf_config_and_awaited(state_dir):
+  """Catches: an evaluator missing from the workers' TF_CONFIG (TF's convention lists it
+  everywhere), one started as a worker, and a launcher that returns (killing it) as soon as
+  training ends instead of letting it evaluate the final step."""
+  process = _start(state_dir, "--num_workers=2", "--num_evaluators=1",
+                   task_flags=["--task=evaluator-0=until_go"])
+  try:
+    process.wait_for(r"\[launch\] the job exited with 0", timeout=20)
+    time.sleep(0.5)
+    assert process.process.poll() is None, process.output  # still waiting for the evaluator
+    (state_dir / "go").touch()
+    assert process.wait(timeout=20) == 0, process.output
+  finally:
+    process.kill()
+  cluster = _recorded(state_dir, "evaluator-0")["tf_config"]["cluster"]
+  _assert_loopback_cluster(cluster, {"worker": 2, "evaluator": 1})
+  assert _recorded(state_dir, "evaluator-0")["tf_config"]["task"] == {"type": "evaluator",
+                                                                      "index": 0}
+  for i in range(2):
+    assert _recorded(state_dir, f"worker-{i}")["tf_config"] == {
+        "cluster": cluster, "task": {"type": "worker", "index": i}}
+  assert "[launch] evaluator-0 evaluated the final step (exit 0)" in process.output
+  assert _launched(process.output) == {"evaluator-0": 1, "worker-0": 1, "worker-1": 1}
+
+
+def test_a_failed_evaluator_leaves_training_and_group_restarts_alone(state_dir):
+  """Catches: an evaluator failure that kills or fails training, one that goes unreported,
+  and an evaluator restarted (re-evaluating every step) with each group restart."""
+  result = _launch(state_dir, "--num_workers=2", "--num_evaluators=1",
+                   task_flags=["--then=exit:0", "--task=worker-1=crash_once",
+                               "--task=evaluator-0=exit:1"])
+  assert result.returncode == 0, result.stderr
+  assert "[launch] evaluator-0 exited with 1; training goes on without it" in result.stderr
+  assert ("[launch] the evaluator failed: evaluator-0 exited with 1; the job's exit code is "
+          "training's (0)") in result.stderr
+  assert _launched(result.stderr) == {"evaluator-0": 1, "worker-0": 2, "worker-1": 2}
+
+
+def test_failed_training_stops_the_evaluator_with_its_exit_code(state_dir):
+  """Catches: a launcher that waits forever for an evaluator whose final step will never
+  come, or that reports the evaluator's exit code instead of training's."""
+  result = _launch(state_dir, "--num_workers=2", "--num_evaluators=1",
+                   task_flags=["--then=until_signal", "--task=worker-1=exit:2",
+                               "--task=evaluator-0=until_signal"])
+  assert result.returncode == 2, result.stderr
+  assert "[evaluator-0] evaluator-0 stopping on SIGTERM" in result.stdout
+  assert "the evaluator failed" not in result.stderr
+
+
+def test_a_signal_reaches_the_evaluator_too(state_dir):
+  process = _start(state_dir, "--num_workers=1", "--num_evaluators=1",
+                   task_flags=["--then=until_signal"])
+  try:
+    _wait_ready(process, {"worker-0", "evaluator-0"})
+    process.send(signal.SIGTERM)
+    assert process.wait(timeout=20) == 42, process.output
+  finally:
+    process.kill()
+  assert sorted(_signals(state_dir)) == ["evaluator-0 SIGTERM", "worker-0 SIGTERM"]
+  assert "the evaluator failed" not in process.output
+
+
+@pytest.mark.parametrize("launcher_flags", [
+    ["--num_workers=2", "--num_evaluators=2"], ["--num_workers=2", "--num_evaluators=-1"],
+])
+def test_bad_num_evaluators_exits_2_with_one_line(state_dir, launcher_flags):
+  """TF allows at most one evaluator (multi_worker_util)."""
+  result = _launch(state_dir, *launcher_flags)
+  assert result.returncode == 2
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("distloop.launch: error: "), result.stderr
+  assert not _starts(state_dir)

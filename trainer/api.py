@@ -83,6 +83,12 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
   layout.check_layout(model_dir)
+  if is_evaluator_task():
+    mode = task_mode(mode)
+    config = _local(config)
+    logging.info("This task is the evaluator of its cluster (TF_CONFIG): --mode=%s of %s on "
+                 "one process (runtime.strategy=%s), apart from the training tasks", mode,
+                 model_dir, config.runtime.strategy)
   if checkpoint_step is not None and mode != "eval":
     raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
   if mode == "train" and config.checkpoint.early_stop_patience:
@@ -271,11 +277,48 @@ def translate(error: BaseException) -> Exception | None:
 def is_parameter_server_task(config) -> bool:
   """A worker or ps task of a parameter-server cluster (TF_CONFIG): it serves, the
   chief trains. Read without TensorFlow, before the finished-job check."""
-  import json  # pylint: disable=g-import-not-at-top
   if config.runtime.strategy != "parameter_server":
     return False
+  return _tf_config_task().get("type") in ("worker", "ps")
+
+
+def is_evaluator_task() -> bool:
+  """TF_CONFIG names this process the cluster's `evaluator` (TF's convention: a task
+  outside the training cluster that evaluates its checkpoints). Read without TensorFlow."""
+  return _tf_config_task().get("type") == "evaluator"
+
+
+def task_mode(mode: str) -> str:
+  """The mode this process runs. Every task of a cluster is usually given the same command
+  (--mode=train): the evaluator task runs continuous_eval instead, whatever the mode,
+  except --mode=eval, which it runs as asked (both only read model_dir). It never
+  exports: only the chief writes into model_dir."""
+  if not is_evaluator_task():
+    return mode
+  if mode == "export":
+    raise UserError("--mode=export: this process is the evaluator task of its cluster "
+                    "(TF_CONFIG task type 'evaluator'), which only reads model_dir; export "
+                    "without TF_CONFIG (or on the chief)")
+  return mode if mode == "eval" else "continuous_eval"
+
+
+def _local(config):
+  """The evaluator joins no cluster: a strategy of its own over its local devices
+  (mirrored: every GPU, or runtime.num_cpu_devices) instead of a multi-worker one."""
+  if config.runtime.strategy not in ("multi_worker_mirrored", "parameter_server"):
+    return config
+  config = config.copy_and_resolve_references()
+  config.runtime.strategy = "mirrored"
+  return config
+
+
+def _tf_config_task() -> dict:
+  import json  # pylint: disable=g-import-not-at-top
   try:
-    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
-  except ValueError:
-    raise UserError("TF_CONFIG is not valid JSON") from None
-  return task.get("type") in ("worker", "ps")
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+  except (ValueError, AttributeError):
+    raise UserError("TF_CONFIG is not valid JSON (an object with \"cluster\" and "
+                    "\"task\")") from None
+  if not isinstance(task, dict):
+    raise UserError(f"TF_CONFIG's \"task\" is not an object: {task!r}")
+  return task

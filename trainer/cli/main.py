@@ -101,6 +101,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
       validation.check_config(config)
     preemption.end_start_up()  # a server polls the flag
     return _serve()
+  mode = api.task_mode(mode)  # an evaluator task evaluates, whatever the shared command says
   result = api.execute(config, model_dir, mode, checkpoint_step, config_source=_config_used)
   if mode in ("train", "train_and_eval"):
     if result.get("already_finished"):

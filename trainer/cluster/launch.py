@@ -1,4 +1,5 @@
-"""`python -m trainer.launch --num_workers=N [--num_ps=M] [--max_restarts=K] -- <trainer flags>`
+"""`python -m trainer.launch --num_workers=N [--num_ps=M] [--num_evaluators=1] [--max_restarts=K]
+    -- <trainer flags>`
 
 Runs a multi-process job on this machine the way a cluster would: one process per
 task, each `python -m trainer <trainer flags>` with its own TF_CONFIG, on free
@@ -8,6 +9,13 @@ task, each `python -m trainer <trainer flags>` with its own TF_CONFIG, on free
 - `--num_ps=M`: ParameterServerStrategy: a chief (the coordinator, which trains), N workers
   and M parameter servers. All run the same command; a trainer whose TF_CONFIG says
   worker or ps serves until it is killed.
+- `--num_evaluators=1`: an `evaluator` task besides (TF's convention: listed in every
+  TF_CONFIG, outside the training cluster). Same command; it runs continuous_eval on the
+  model_dir (trainer/api.py) and exits 0 once it has evaluated the final step. It is
+  started once and never part of a group restart; it gets the forwarded signals. The
+  job's exit code is training's: once training ends with 0 the launcher waits for the
+  evaluator, otherwise it stops it; an evaluator that fails says so in one line and
+  leaves training alone.
 
 Who owns what: the launcher owns processes (ports, TF_CONFIG, logs, signals,
 restarts); the trainer owns the state (checkpoints, resume, the preemption
@@ -50,6 +58,9 @@ _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "worker processes (requ
                                     lower_bound=1)
 _NUM_PS = flags.DEFINE_integer("num_ps", 0, "parameter servers; 0 = synchronous training "
                                "(multi_worker_mirrored)", lower_bound=0)
+_NUM_EVALUATORS = flags.DEFINE_integer(
+    "num_evaluators", 0, "an evaluator task (0 or 1, as TF allows): continuous_eval of the "
+    "model_dir beside training, until the final step", lower_bound=0, upper_bound=1)
 _MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 3, "restarts after failures before "
                                      "giving up with exit 1", lower_bound=0)
 _TRAINER_MODULE = flags.DEFINE_string(
@@ -112,7 +123,7 @@ class GroupFailed(Exception):
 @dataclasses.dataclass
 class Task:
   """One process of the job; `process` is replaced when the task is restarted."""
-  type: str  # chief, worker or ps
+  type: str  # chief, worker, ps or evaluator
   index: int
   address: str
   process: subprocess.Popen | None = None
@@ -131,12 +142,17 @@ class Launcher:
   """
 
   def __init__(self, module: str, trainer_flags: list[str], num_workers: int, num_ps: int,
-               max_restarts: int, preempted: int = EXIT_PREEMPTED):
+               max_restarts: int, preempted: int = EXIT_PREEMPTED, num_evaluators: int = 0):
     self.command = [sys.executable, "-m", module, *trainer_flags]
     self.preempted = preempted  # the trainers' --preempted_exit_code: "run me again"
     self.num_workers, self.num_ps, self.max_restarts = num_workers, num_ps, max_restarts
     self.restarts = 0
-    self.tasks: list[Task] = []
+    self.tasks: list[Task] = []  # the training cluster, restarted as a group
+    # Outside the group: one port for the whole job, started once.
+    self.evaluators = [Task("evaluator", i, f"127.0.0.1:{port}")
+                       for i, port in enumerate(_free_ports(num_evaluators))]
+    self._evaluator_failures: dict[str, str] = {}
+    self._evaluators_stopped = False  # by the launcher, training having ended without 0
     self._cluster: dict[str, list[str]] = {}
     self._relays: list[threading.Thread] = []
     self._signals: list[int] = []  # received, not yet forwarded
@@ -154,6 +170,7 @@ class Launcher:
         except GroupFailed as failure:
           self._stop(signal.SIGKILL)  # survivors may hang in a collective on the dead peer
           if not self._may_restart(str(failure)):
+            self._finish_evaluators(EXIT_FAILURE)
             return EXIT_FAILURE
           _log(f"{failure}; restarting the group (restart {self.restarts} of "
                f"{self.max_restarts})")
@@ -162,9 +179,11 @@ class Launcher:
         # hang in a collective.
         self._stop(signal.SIGTERM if self.num_ps else signal.SIGKILL)
         _log(f"the job exited with {code}")
+        self._finish_evaluators(code)
         return code
     finally:  # whatever happened, reap every child and print its last lines
       self._stop(signal.SIGKILL)
+      self._stop(signal.SIGKILL, self.evaluators)
       for relay in self._relays:
         relay.join(timeout=2)
 
@@ -177,8 +196,13 @@ class Launcher:
     self.tasks = [Task(kind, i, f"127.0.0.1:{next(ports)}")
                   for kind, count in counts.items() for i in range(count)]
     self._cluster = {kind: [t.address for t in self.tasks if t.type == kind] for kind in counts}
+    if self.evaluators:  # every task's TF_CONFIG lists it, as a TFJob's does
+      self._cluster["evaluator"] = [t.address for t in self.evaluators]
     for task in self.tasks:
       self._start(task)
+    for task in self.evaluators:
+      if task.process is None:  # the first group only: it outlives group restarts
+        self._start(task)
 
   def _start(self, task: Task) -> None:
     """Same command, same TF_CONFIG each time: a restarted task rejoins on its old port."""
@@ -199,6 +223,7 @@ class Launcher:
     """Returns the job's exit code, or raises GroupFailed."""
     while True:
       self._forward_signals()
+      self._check_evaluators()
       code = self._check_parameter_server() if self.num_ps else self._check_synchronous()
       if code is not None:
         return code
@@ -251,6 +276,39 @@ class Launcher:
       self._start(task)  # the coordinator reschedules its work and reconnects
     return None
 
+  def _check_evaluators(self) -> None:
+    """An evaluator that failed is reported once; training goes on without it."""
+    for task in self.evaluators:
+      code = task.process.poll()
+      if code in (None, EXIT_OK) or task.name in self._evaluator_failures:
+        continue
+      asked = self._stopping or self._evaluators_stopped
+      if asked and (code == self.preempted or -code in (*self._forwarded, signal.SIGTERM,
+                                                        signal.SIGKILL)):
+        continue  # stopped as asked
+      self._evaluator_failures[task.name] = _describe(code)
+      _log(f"{task.name} {_describe(code)}; training goes on without it (the job's exit "
+           f"code is training's)")
+
+  def _finish_evaluators(self, code: int) -> None:
+    """After training: waits for the evaluators to evaluate the final step (training
+    ended with 0), else stops them; one line for each that failed."""
+    if code == EXIT_OK and not self._stopping:
+      while any(t.process.poll() is None for t in self.evaluators):
+        self._forward_signals()
+        time.sleep(_POLL_SEC)
+    else:  # the final step will not come
+      self._evaluators_stopped = True
+      self._stop(signal.SIGTERM, self.evaluators)
+    self._check_evaluators()
+    for task in self.evaluators:
+      failure = self._evaluator_failures.get(task.name)
+      if failure:
+        _log(f"the evaluator failed: {task.name} {failure}; the job's exit code is "
+             f"training's ({code})")
+      elif task.process.returncode == EXIT_OK:
+        _log(f"{task.name} evaluated the final step (exit 0)")
+
   def _may_restart(self, failure: str) -> bool:
     """One budget for group and single-task restarts; none once the job was asked to stop."""
     if self._stopping or self._signals:
@@ -264,8 +322,9 @@ class Launcher:
     return True
 
   def _forward_signals(self) -> None:
-    """To the trainers only: workers, or the chief alone (servers would just die)."""
-    trainers = self.tasks[:1] if self.num_ps else self.tasks
+    """To the trainers only: workers, or the chief alone (servers would just die); and
+    to the evaluators (they stop between evals, exit 42)."""
+    trainers = (self.tasks[:1] if self.num_ps else self.tasks) + self.evaluators
     while self._signals:
       signum = self._signals.pop(0)
       self._stopping = True
@@ -275,9 +334,11 @@ class Launcher:
       for task in trainers:
         task.process.send_signal(signum)  # a no-op for a process already reaped
 
-  def _stop(self, signum: int) -> None:
-    """Signals what still runs, SIGKILLs what outlives the grace period, reaps everything."""
-    alive = [t.process for t in self.tasks if t.process and t.process.poll() is None]
+  def _stop(self, signum: int, tasks: list[Task] | None = None) -> None:
+    """Signals what still runs of `tasks` (the training group by default), SIGKILLs what
+    outlives the grace period, reaps everything."""
+    tasks = self.tasks if tasks is None else tasks
+    alive = [t.process for t in tasks if t.process and t.process.poll() is None]
     for process in alive:
       process.send_signal(signum)
     deadline = time.monotonic() + (_GRACE_SEC if signum != signal.SIGKILL else 0)
@@ -312,7 +373,7 @@ def main(argv: list[str]) -> int:
   except errors.UserError as e:
     _fail(e)
   launcher = Launcher(_TRAINER_MODULE.value, trainer_flags, _NUM_WORKERS.value, _NUM_PS.value,
-                      _MAX_RESTARTS.value, preempted)
+                      _MAX_RESTARTS.value, preempted, _NUM_EVALUATORS.value)
   return launcher.run()
 
 

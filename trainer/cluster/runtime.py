@@ -51,13 +51,26 @@ def seed(runtime_config: ml_collections.ConfigDict) -> None:
   keras.utils.set_random_seed(runtime_config.seed)
 
 
+class TrainingClusterResolver(tf.distribute.cluster_resolver.TFConfigClusterResolver):
+  """TF_CONFIG's cluster without its `evaluator` job. The evaluator trains nothing and
+  serves nothing (it evaluates checkpoints alone: trainer/api.py), yet a TFJob or Vertex
+  TF_CONFIG lists it on every task; a strategy given it would count it as a peer (the
+  coordinator of a parameter-server cluster connects to every task of the cluster)."""
+
+  def cluster_spec(self) -> tf.train.ClusterSpec:
+    jobs = super().cluster_spec().as_dict()
+    jobs.pop("evaluator", None)
+    return tf.train.ClusterSpec(jobs)
+
+
 def cluster_resolver(runtime_config: ml_collections.ConfigDict):
   """Where this process sits in a cluster: TF_CONFIG if set (or built from a Kubernetes
-  Indexed Job's environment: trainer/cluster/kubernetes.py), else Slurm's environment
-  (SLURM_PROCID inside an `srun` step), else None (a single process)."""
+  Indexed Job's environment: trainer/cluster/kubernetes.py; its training tasks: no
+  `evaluator`), else Slurm's environment (SLURM_PROCID inside an `srun` step), else
+  None (a single process)."""
   kubernetes.export_tf_config()
   if os.environ.get("TF_CONFIG"):
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return TrainingClusterResolver()
   if "SLURM_PROCID" in os.environ and "SLURM_STEP_NODELIST" in os.environ:
     return _slurm_resolver(runtime_config)
   return None
