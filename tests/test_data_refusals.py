@@ -45,9 +45,11 @@ def _data(name):
     # Dict labels (a multi-output model's) that do not fit: one line saying how.
     ([_data("dict_labels_numpy")],
      "the train split's labels are a dict (digit, even), the eval split's one array"),
-    ([_data("dict_labels_stream")],
-     "the labels are a dict (digit, even) but model.name='mnist_cnn' returns one tensor"),
-    ([_data("tuple_labels_numpy")], "train split: labels are a tuple of 2; give one label"),
+    pytest.param([_data("dict_labels_stream")],  # (slow: tests/test_multi_output.py has it)
+                 "the labels are a dict (digit, even) but model.name='mnist_cnn' returns one "
+                 "tensor", marks=pytest.mark.slow),
+    pytest.param([_data("tuple_labels_numpy")],
+                 "train split: labels are a tuple of 2; give one label", marks=pytest.mark.slow),
     ([_data("varying_length_stream")], "features has shape [?] per example"),
     ([_data("padded_batch_stream")], "return it unbatched (dataset.unbatch())"),
     ([_data("x_y_instead_of_splits")],

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.cli import run_python, run_trainer, train_ok
+from tests.cli import run_trainer, train_ok
 
 _PLUGINS = "tests.multi_output_plugins"
 _TWO_HEADS = ["--config=synthetic", "--mode=train_and_eval", "--config.train.steps=300",
@@ -30,20 +30,15 @@ def _check_both_heads_learnt(summary: dict, value_weight: float) -> None:
 
 
 def _served(export_dir: str) -> dict:
-  """The export, loaded without distloop, on the eval split: what it serves."""
-  code = f"""
-import json, numpy as np, tensorflow as tf, sys
-sys.path.insert(0, {os.getcwd()!r})
-from tests.multi_output_plugins import _examples
-features, labels = _examples(1000, 2)
-serve = tf.saved_model.load({export_dir!r}).signatures["serving_default"]
-out = {{k: v.numpy() for k, v in serve(inputs=tf.constant(features)).items()}}
-print(json.dumps({{"names": sorted(out),
-                  "row_sums": out["class"].sum(axis=1).tolist(),
-                  "accuracy": float(np.mean(out["class"].argmax(axis=1) == labels["class"])),
-                  "mae": float(np.mean(np.abs(out["value"][:, 0] - labels["value"])))}}))
-"""
-  return json.loads(run_python(code).strip().splitlines()[-1])
+  """The export (a plain SavedModel: no distloop inside) on the eval split: what it serves."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tests.multi_output_plugins import _examples  # pylint: disable=g-import-not-at-top
+  features, labels = _examples(1000, 2)
+  serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+  out = {k: v.numpy() for k, v in serve(inputs=tf.constant(features)).items()}
+  return {"names": sorted(out), "row_sums": out["class"].sum(axis=1),
+          "accuracy": float(np.mean(out["class"].argmax(axis=1) == labels["class"])),
+          "mae": float(np.mean(np.abs(out["value"][:, 0] - labels["value"])))}
 
 
 def test_two_heads_with_weighted_losses_learn_and_the_export_serves_both(tmp_path):
@@ -62,12 +57,20 @@ def test_two_heads_with_weighted_losses_learn_and_the_export_serves_both(tmp_pat
   assert served["mae"] == pytest.approx(summary["eval_value_mean_absolute_error"], rel=1e-4)
   with open(tmp_path / "metrics.csv") as f:
     assert "value_mean_absolute_error" in f.read()
-  evaluated = run_trainer(tmp_path, *_TWO_HEADS, f"--config.data.name={_PLUGINS}:arrays",
-                          "--config.train.loss_weights=value=0.5", "--mode=eval")
+
+
+@pytest.mark.slow
+def test_mode_eval_reports_every_output_by_name(tmp_path):
+  """--mode=eval's JSON names each output's loss and metrics as training reported them."""
+  flags = [*_TWO_HEADS, f"--config.data.name={_PLUGINS}:arrays",
+           "--config.train.loss_weights=value=0.5", "--config.train.steps=100"]
+  summary = train_ok(tmp_path, *flags)
+  evaluated = run_trainer(tmp_path, *flags, "--mode=eval")
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   reported = json.loads(evaluated.stdout)
   assert reported["class_accuracy"] == pytest.approx(summary["eval_class_accuracy"])
   assert reported["value_loss"] == pytest.approx(summary["eval_value_loss"])
+  assert reported["loss"] == pytest.approx(summary["eval_loss"])
 
 
 @pytest.mark.slow
