@@ -32,9 +32,12 @@ def _data(name):
     # Unseeded randomness: named with its stateless replacement.
     ([_preprocess("unseeded_flip")],
      "tf.image.stateless_random_flip_left_right(image, seed=seed)"),
-    ([_preprocess("unseeded_noise")], "RandomUniform in random_uniform"),
+    # (slow: the same check as a fast case beside them)
+    pytest.param([_preprocess("unseeded_noise")], "RandomUniform in random_uniform",
+                 marks=pytest.mark.slow),
     ([_preprocess("generator_noise")], "RngReadAndSkip"),
-    ([_preprocess("keras_random_flip")], "a Keras random layer"),
+    pytest.param([_preprocess("keras_random_flip")], "a Keras random layer",
+                 marks=pytest.mark.slow),
     # Batches the split or the machine cannot hold.
     (["--config.train.global_batch_size=1000000000"],
      "train.global_batch_size=1000000000 is larger than the training split (256 examples"),
@@ -56,10 +59,13 @@ def _data(name):
      "must return (train, eval), two splits, got (ndarray, ndarray)"),
     ([_data("float_labels_stream")], "cannot say how many classes it has"),
     # A plug-in that ends the process is an error naming it, not a silent exit 0.
-    ([_preprocess("exiting_preprocess")], "exiting_preprocess' called sys.exit(0)"),
+    pytest.param([_preprocess("exiting_preprocess")], "exiting_preprocess' called sys.exit(0)",
+                 marks=pytest.mark.slow),
     ([_data("exiting_builder")], "exiting_builder' called sys.exit(0)"),
-    ([f"--config.model.name={_PLUGINS}:exiting_model"], "exiting_model' called sys.exit(0)"),
-    ([f"--config.train.loss={_PLUGINS}:exiting_loss"], "exiting_loss' called sys.exit(3)"),
+    pytest.param([f"--config.model.name={_PLUGINS}:exiting_model"],
+                 "exiting_model' called sys.exit(0)", marks=pytest.mark.slow),
+    pytest.param([f"--config.train.loss={_PLUGINS}:exiting_loss"],
+                 "exiting_loss' called sys.exit(3)", marks=pytest.mark.slow),
     ([f"--config.model.name={REPO}/tests/exiting_at_import.py:build"],
      "called sys.exit(0) while"),
 ])

@@ -234,7 +234,8 @@ def test_runtime_reads_the_tf_config_a_pod_builds(monkeypatch):
   from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top  (TensorFlow)
   _, job = _service_and_job(NUM_WORKERS="2")
   (container,) = job["spec"]["template"]["spec"]["containers"]
-  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.setenv("TF_CONFIG", "")  # recorded, so the TF_CONFIG built below is undone
+  monkeypatch.delenv("TF_CONFIG")     # (a later test in this process would see a cluster)
   for key, value in _pod_env(container, 1).items():
     monkeypatch.setenv(key, value)
   resolver = runtime.cluster_resolver(configs.get("synthetic").runtime)

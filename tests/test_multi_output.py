@@ -41,6 +41,7 @@ def _served(export_dir: str) -> dict:
           "mae": float(np.mean(np.abs(out["value"][:, 0] - labels["value"])))}
 
 
+@pytest.mark.slow  # end to end (CI runs the slow tests too)
 def test_two_heads_with_weighted_losses_learn_and_the_export_serves_both(tmp_path):
   """Catches: a head's loss left out or its weight ignored (the value head would not learn,
   or eval_loss would not be the weighted sum), metrics reported without their output's

@@ -167,6 +167,7 @@ def test_pad_to_may_change_on_resume_and_pad_value_may_not():
 
 # -- end to end, through the CLI ------------------------------------------------------
 
+@pytest.mark.slow  # end to end (CI runs the slow tests too)
 def test_sequences_train_from_numpy_and_the_export_serves_new_lengths(tmp_path):
   summary = train_ok(tmp_path, *_FLAGS, _data("numpy_sequences"), "--config.data.pad_to=longest",
                      "--config.train.steps=300")
