@@ -179,7 +179,12 @@ def _as_config(config):
 
 @contextlib.contextmanager
 def _signals_handled():
+  """The handlers for the block; none off the main thread (Python allows them only there:
+  a thread of an engine such as Ray Train, whose own machinery then decides a stop)."""
   installed = preemption.install()
+  if not installed:
+    logging.info("handle_signals=True: no signal handler installed (not the main thread; "
+                 "signals are the host's to handle)")
   try:
     yield
   finally:
