@@ -162,3 +162,13 @@ def test_the_readme_shows_the_whole_example():
   body = code[code.index("import sys"):]
   assert f"```python\n{body}```" in readme
   assert len([l for l in body.splitlines() if l.strip()]) <= 15
+
+
+def test_a_preemption_notice_saves_once_per_notice():
+  """Ray's notice (ray.train.get_preemption_info, faked): "save" at the first boundary
+  that sees it, then training goes on; a new notice saves again."""
+  from trainer.cluster import ray_train  # pylint: disable=g-import-not-at-top
+  notices = iter([None, None, "node A at 12:00", "node A at 12:00", None, "node B at 13:00"])
+  action = ray_train.SaveOnPreemptionNotice(lambda: next(notices))
+  boundary = type("Boundary", (), {"step": 5})()
+  assert [action(boundary) for _ in range(6)] == [None, None, "save", None, None, "save"]

@@ -133,9 +133,37 @@ def train_loop(loop_config: dict) -> None:
                os.getpid(), ": the chief" if index == 0 else "")
   if index == 0:
     wait_for_writer(model_dir)
-  result = trainer.run(loop_config["config"], model_dir, mode=loop_config["mode"])
   from ray import train as ray_train  # pylint: disable=g-import-not-at-top
+  notice = getattr(ray_train, "get_preemption_info", None)  # Ray >= 2.60
+  actions = [] if notice is None else [
+      trainer.Action(SaveOnPreemptionNotice(notice), every_boundary=True,
+                     name="ray_preemption_notice")]
+  result = trainer.run(loop_config["config"], model_dir, mode=loop_config["mode"],
+                       actions=actions)
   ray_train.report(_numbers(result))  # every worker: report is a barrier
+
+
+class SaveOnPreemptionNotice:
+  """An Action at every loop boundary: when Ray announces that a node of the group is
+  about to be preempted (a spot reclaim, a drain), save this step now, once per notice,
+  and train on; Ray restarts the group when the node goes, and it resumes from here.
+  `notice()` is ray.train.get_preemption_info: a barrier every worker calls at every
+  boundary, as every worker runs every action, so all see the same answer."""
+
+  def __init__(self, notice):
+    self._notice = notice
+    self._saved_for = None
+
+  def __call__(self, boundary) -> str | None:
+    info = self._notice()
+    if info is None:
+      return None
+    key = repr(info)
+    if key == self._saved_for:
+      return None
+    self._saved_for = key
+    logging.warning("Ray announces a preemption (%s): saving step %d now", info, boundary.step)
+    return "save"
 
 
 def worker_of(tf_config: str) -> tuple[int, int]:
