@@ -48,8 +48,9 @@ class Job:
   @classmethod
   def from_flags(cls, argv: list[str]) -> "Job":
     """python -m trainer's flags (--config, --config.FIELD=VALUE, --model_dir, --mode)
-    plus --num_workers, --max_failures and --storage_path. Bad input: the CLI's one
-    line on stderr and exit 2, before Ray starts."""
+    plus --num_workers, --max_failures and --storage_path, from `argv`: sys.argv
+    (ml_collections reads the --config.FIELD overrides from there). Bad input: the CLI's
+    one line on stderr and exit 2, before Ray starts."""
     from absl import flags  # pylint: disable=g-import-not-at-top
     from trainer.cli import main as cli  # pylint: disable=g-import-not-at-top  (its flags)
     if "num_workers" not in flags.FLAGS:
