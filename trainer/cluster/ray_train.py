@@ -11,7 +11,8 @@ each (`ray.train.tensorflow.config`: a `worker` job of every worker's address, t
 index = its world rank) before it calls `train_loop`; distloop reads everything it needs
 from there, as on any TF_CONFIG cluster: the worker count, the chief (worker 0, the only
 writer of model_dir), the collectives' addresses. `train_loop` is `trainer.run` under
-`multi_worker_mirrored`; nothing here talks to Ray but the final `ray.train.report`.
+`multi_worker_mirrored`; it talks to Ray only to report the summary at the end and to ask,
+at each loop boundary, whether Ray announces a preemption (then it saves at once).
 
 Fault tolerance is Ray's: a worker that dies (or fails) ends the group's attempt, and
 Ray starts a new group (up to `FailureConfig(max_failures)` times) whose `train_loop`
@@ -19,7 +20,8 @@ resumes from the latest checkpoint in model_dir, exactly, as a rerun of the comm
 does. So model_dir must be on storage every Ray node sees.
 
 Ray runs `train_loop` off the main thread, where Python cannot install signal handlers:
-none is installed there (trainer/cluster/preemption.py); a stop is Ray's to decide.
+none is installed there (trainer/cluster/preemption.py); a stop is Ray's to decide (a
+failed attempt, then a restart).
 """
 import dataclasses
 import json
