@@ -11,7 +11,7 @@ or dies makes Ray restart the group, which resumes from the latest checkpoint th
 import sys
 
 import trainer  # noqa: F401  first: picks the CPU kernels before TensorFlow loads (workers inherit)
-from trainer.cluster import ray_train
+from trainer import ray_train
 
 job = ray_train.Job.from_flags(sys.argv)  # bad input: one line, exit 2, before TensorFlow and Ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402

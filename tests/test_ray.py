@@ -1,4 +1,4 @@
-"""Ray Train (examples/ray_train.py, trainer/cluster/ray_train.py): 2 Ray workers on
+"""Ray Train (examples/ray_train.py, trainer/ray_train.py): 2 Ray workers on
 127.0.0.1 train the weights of 2 local replicas; a worker killed mid-run makes Ray restart
 the group, which resumes to the weights of the uninterrupted run; bad input is one line
 before Ray starts; trainer.run works off the main thread, where Ray runs it.
@@ -167,7 +167,7 @@ def test_the_readme_shows_the_whole_example():
 def test_a_preemption_notice_saves_once_per_notice():
   """Ray's notice (ray.train.get_preemption_info, faked): "save" at the first boundary
   that sees it, then training goes on; a new notice saves again."""
-  from trainer.cluster import ray_train  # pylint: disable=g-import-not-at-top
+  from trainer import ray_train  # pylint: disable=g-import-not-at-top
   notices = iter([None, None, "node A at 12:00", "node A at 12:00", None, "node B at 13:00"])
   action = ray_train.SaveOnPreemptionNotice(lambda: next(notices))
   boundary = type("Boundary", (), {"step": 5})()
