@@ -63,6 +63,16 @@ def two_replicas(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+  """The same 2-worker job through trainer.launch: the cluster Ray must reproduce."""
+  model_dir = tmp_path_factory.mktemp("launched")
+  job = TrainerProcess(None, "--num_workers=2", "--", f"--model_dir={model_dir}", *_FLAGS,
+                       module="trainer.launch", prefix=loopback_only())
+  assert _finish(job) == 0, job.output[-4000:]
+  return checkpoint_arrays(model_dir, _STEPS)
+
+
+@pytest.fixture(scope="module")
 def ray_run(tmp_path_factory):
   """An uninterrupted 2-worker Ray job: (its final state, its output, its model_dir)."""
   if not _RAY:
@@ -75,7 +85,7 @@ def ray_run(tmp_path_factory):
 
 @needs_ray
 @needs_loopback
-def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, two_replicas):
+def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, launched, two_replicas):
   arrays, output, model_dir = ray_run
   assert re.search(r"Ray Train worker 0 of 2 \(pid \d+.*the chief", output), output[-4000:]
   assert re.search(r"Ray Train worker 1 of 2 \(pid \d+", output), output[-4000:]
@@ -83,7 +93,12 @@ def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, two_replicas
   assert summary["num_replicas"] == 2 and summary["strategy"] == "multi_worker_mirrored"
   assert summary["step"] == _STEPS
   assert "'step': 60" in output  # rank 0's summary, reported to Ray: the Result's metrics
-  assert_same_state(arrays, two_replicas, atol=1e-6)
+  # The same weights as trainer.launch's 2 workers (measured: bit for bit), and as 2
+  # replicas in one process to the distance 2 worker processes have from them at all
+  # (measured 1.7e-4 for both, with this SGD rate: 2 processes run each op on all cores,
+  # 2 logical devices on one core each; a gradient counted twice is off by 1e-2 or more).
+  assert_same_state(arrays, launched, atol=1e-6)
+  assert_same_state(arrays, two_replicas, atol=5e-4)
 
 
 @needs_ray
