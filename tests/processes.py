@@ -94,6 +94,16 @@ class TrainerProcess:
   def send(self, signum: int = signal.SIGTERM) -> None:
     self.process.send_signal(signum)
 
+  def stop_at(self, pattern: str, timeout: float = 300) -> int:
+    """Waits for a line matching `pattern`, sends SIGTERM and returns the exit code (42:
+    preempted, the step saved); the process is killed if anything here fails."""
+    try:
+      self.wait_for(pattern, timeout=timeout)
+      self.send(signal.SIGTERM)
+      return self.wait(timeout=timeout)
+    finally:
+      self.kill()
+
   def wait(self, timeout: float = 300) -> int:
     returncode = self.process.wait(timeout=timeout)
     while True:  # drain what is left, so `output` is complete
@@ -148,12 +158,7 @@ def sigterm_then_resume(tmp_path, flags: list, signal_at: int, steps: int = 200)
   from tests.cli import run_trainer, train_ok  # pylint: disable=g-import-not-at-top
   train_ok(tmp_path / "uninterrupted", *flags)
   process = TrainerProcess(tmp_path / "stopped", *flags)
-  try:
-    process.wait_for(rf"step {signal_at}/{steps}")
-    process.send(signal.SIGTERM)
-    assert process.wait() == 42, process.output[-3000:]
-  finally:
-    process.kill()
+  assert process.stop_at(rf"step {signal_at}/{steps}") == 42, process.output[-3000:]
   stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
   assert signal_at <= stopped_at < steps, stopped_at
   resumed = run_trainer(tmp_path / "stopped", *flags)

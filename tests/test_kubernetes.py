@@ -229,8 +229,10 @@ def test_each_jobset_pod_gets_the_cluster_of_its_subdomain():
 
 def test_runtime_reads_the_tf_config_a_pod_builds(monkeypatch):
   """Catches a TF_CONFIG distloop's own reader does not take (or never builds: the
-  resolver would then be None, a single process)."""
+  resolver would then be None, a single process). In a run's order: api's checks read
+  TF_CONFIG's task first (and build a pod's), the strategy's resolver after them."""
   import configs  # pylint: disable=g-import-not-at-top
+  from trainer import api  # pylint: disable=g-import-not-at-top
   from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top  (TensorFlow)
   _, job = _service_and_job(NUM_WORKERS="2")
   (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -238,6 +240,7 @@ def test_runtime_reads_the_tf_config_a_pod_builds(monkeypatch):
   monkeypatch.delenv("TF_CONFIG")     # (a later test in this process would see a cluster)
   for key, value in _pod_env(container, 1).items():
     monkeypatch.setenv(key, value)
+  assert not api.is_evaluator_task()
   resolver = runtime.cluster_resolver(configs.get("synthetic").runtime)
   assert resolver.cluster_spec().as_dict() == {"worker": ["run1-0.run1:2222", "run1-1.run1:2222"]}
   assert (resolver.task_type, resolver.task_id) == ("worker", 1)

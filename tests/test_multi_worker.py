@@ -109,12 +109,7 @@ def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two
 @needs_loopback
 def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
-  try:
-    job.wait_for(r"\[worker-0\].*step 25/")
-    job.send(signal.SIGTERM)
-    assert job.wait() == 42, job.output[-3000:]
-  finally:
-    job.kill()
+  assert job.stop_at(r"\[worker-0\].*step 25/") == 42, job.output[-3000:]
   stopped = {task: int(step) for task, step in
              re.findall(r"\[(worker-\d)\].*preempted at step (\d+)", job.output)}
   assert set(stopped) == {"worker-0", "worker-1"} and len(set(stopped.values())) == 1

@@ -24,12 +24,7 @@ def uninterrupted(tmp_path_factory):
 
 def test_sigterm_then_resume_skips_to_the_same_examples(tmp_path, uninterrupted):
   process = TrainerProcess(tmp_path, *_FLAGS)
-  try:
-    process.wait_for(r"step 25/60")  # mid-epoch: an epoch is 20.8 steps
-    process.send()
-    assert process.wait() == 42, process.output
-  finally:
-    process.kill()
+  assert process.stop_at(r"step 25/60") == 42, process.output  # mid-epoch: 20.8 steps an epoch
   stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
   resumed = run_trainer(tmp_path, *_FLAGS)
   assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -94,12 +94,7 @@ def test_sigterm_one_second_after_start(tmp_path, uninterrupted):
 
 def test_sigterm_during_restore_exits_42_at_the_restored_step(tmp_path, uninterrupted):
   first = TrainerProcess(tmp_path, *_FLAGS)
-  try:
-    first.wait_for(r"step 25/")
-    first.send(signal.SIGTERM)
-    assert first.wait() == 42, first.output[-3000:]
-  finally:
-    first.kill()
+  assert first.stop_at(r"step 25/") == 42, first.output[-3000:]
   stopped_at = int(re.search(r"preempted at step (\d+)", first.output).group(1))
 
   hold_file = tmp_path.parent / f"{tmp_path.name}.go"

@@ -95,7 +95,6 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     raise UserError(f"checkpoint.early_stop_patience={config.checkpoint.early_stop_patience} "
                     f"needs evals during training: --mode=train_and_eval (every "
                     f"eval.interval steps)")
-  kubernetes.export_tf_config()  # an Indexed Job's pod: TF_CONFIG from its index (if unset)
   if is_parameter_server_task(config):
     raise UserError("this process is a worker or ps task of a parameter-server cluster "
                     "(TF_CONFIG): it serves; run `python -m trainer` there")
@@ -179,7 +178,12 @@ def _as_config(config):
 
 @contextlib.contextmanager
 def _signals_handled():
+  """The handlers for the block; none off the main thread (Python allows them only there:
+  a thread of an engine such as Ray Train, whose own machinery then decides a stop)."""
   installed = preemption.install()
+  if not installed:
+    logging.info("handle_signals=True: no signal handler installed (not the main thread; "
+                 "signals are the host's to handle)")
   try:
     yield
   finally:
@@ -313,7 +317,11 @@ def _local(config):
 
 
 def _tf_config_task() -> dict:
+  """TF_CONFIG's task: the first reading of TF_CONFIG in a run, so the one place where a
+  Kubernetes Indexed Job's pod gets the TF_CONFIG its index describes (if unset), for
+  these checks and for the strategy's resolver after them."""
   import json  # pylint: disable=g-import-not-at-top
+  kubernetes.export_tf_config()
   try:
     task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
   except (ValueError, AttributeError):

@@ -10,7 +10,6 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from trainer.cluster import kubernetes
 from trainer.cluster import sharding
 from trainer.errors import UserError
 
@@ -64,11 +63,10 @@ class TrainingClusterResolver(tf.distribute.cluster_resolver.TFConfigClusterReso
 
 
 def cluster_resolver(runtime_config: ml_collections.ConfigDict):
-  """Where this process sits in a cluster: TF_CONFIG if set (or built from a Kubernetes
-  Indexed Job's environment: trainer/cluster/kubernetes.py; its training tasks: no
+  """Where this process sits in a cluster: TF_CONFIG if set (a Kubernetes Indexed Job's
+  pod has it by now: trainer/api.py builds it first; its training tasks: no
   `evaluator`), else Slurm's environment (SLURM_PROCID inside an `srun` step), else
   None (a single process)."""
-  kubernetes.export_tf_config()
   if os.environ.get("TF_CONFIG"):
     return TrainingClusterResolver()
   if "SLURM_PROCID" in os.environ and "SLURM_STEP_NODELIST" in os.environ:

@@ -1,0 +1,224 @@
+"""Ray Train: one distloop run on N Ray workers, through Ray's `TensorflowTrainer`.
+
+    job = ray_train.Job.from_flags(sys.argv)      # python -m trainer's flags (+ --num_workers)
+    TensorflowTrainer(ray_train.train_loop, train_loop_config=job.loop_config,
+                      scaling_config=ScalingConfig(num_workers=job.num_workers),
+                      run_config=RunConfig(name=job.name, storage_path=job.storage_path,
+                                           failure_config=FailureConfig(job.max_failures))).fit()
+
+(examples/ray_train.py). Ray starts one worker process per worker and sets TF_CONFIG in
+each (`ray.train.tensorflow.config`: a `worker` job of every worker's address, this one's
+index = its world rank) before it calls `train_loop`; distloop reads everything it needs
+from there, as on any TF_CONFIG cluster: the worker count, the chief (worker 0, the only
+writer of model_dir), the collectives' addresses. `train_loop` is `trainer.run` under
+`multi_worker_mirrored`; it talks to Ray only to report the summary at the end and to ask,
+at each loop boundary, whether Ray announces a preemption (then it saves at once).
+
+Fault tolerance is Ray's: a worker that dies (or fails) ends the group's attempt, and
+Ray starts a new group (up to `FailureConfig(max_failures)` times) whose `train_loop`
+resumes from the latest checkpoint in model_dir, exactly, as a rerun of the command
+does. So model_dir must be on storage every Ray node sees.
+
+Ray runs `train_loop` off the main thread, where Python cannot install signal handlers:
+none is installed there (trainer/cluster/preemption.py); a stop is Ray's to decide (a
+failed attempt, then a restart).
+"""
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from absl import logging
+
+from trainer.errors import UserError
+
+_MODES = ("train", "train_and_eval")  # what a Ray job runs; the others read one machine's view
+_WRITER_WAIT_SECONDS = 120.0  # a restarted chief waits this long for the killed one's lock
+
+
+@dataclasses.dataclass
+class Job:
+  """What the driver script passes to TensorflowTrainer: `loop_config` (train_loop's
+  argument) and the Ray settings. Built in the driver, where bad input costs nothing."""
+  loop_config: dict
+  num_workers: int
+  max_failures: int
+  storage_path: str
+  name: str
+
+  @classmethod
+  def from_flags(cls, argv: list[str]) -> "Job":
+    """python -m trainer's flags (--config, --config.FIELD=VALUE, --model_dir, --mode)
+    plus --num_workers, --max_failures and --storage_path, from `argv`: sys.argv
+    (ml_collections reads the --config.FIELD overrides from there). Bad input: the CLI's
+    one line on stderr and exit 2, before Ray starts."""
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    from trainer.cli import main as cli  # pylint: disable=g-import-not-at-top  (its flags)
+    if "num_workers" not in flags.FLAGS:
+      flags.DEFINE_integer("num_workers", 2, "Ray workers, one TensorFlow worker each",
+                           lower_bound=1)
+      flags.DEFINE_integer("max_failures", 3, "group restarts after a failure before the job "
+                           "fails (-1: no limit)", lower_bound=-1)
+      flags.DEFINE_string("storage_path", None, "Ray's run storage (its results, not the "
+                          "checkpoints: those are in model_dir); default: model_dir's parent")
+    if os.getcwd() not in sys.path:  # plug-in modules as python -m trainer finds them
+      sys.path.append(os.getcwd())
+    cli._parse_flags(list(argv))  # pylint: disable=protected-access  (its one-line refusals)
+    values = flags.FLAGS
+    try:
+      job = cls.of(cli._load_config(), values.model_dir, mode=values.mode,  # pylint: disable=protected-access
+                   num_workers=values.num_workers, max_failures=values.max_failures,
+                   storage_path=values.storage_path)
+    except UserError as e:
+      cli._fail(2, e)  # pylint: disable=protected-access
+    return job
+
+  @classmethod
+  def of(cls, config, model_dir: str, *, mode: str = "train", num_workers: int = 2,
+         max_failures: int = 3, storage_path: str | None = None) -> "Job":
+    """The job of `config` (a ConfigDict, a built-in name or a config file's path) in
+    `model_dir`, checked here as trainer.run checks it first; UserError otherwise."""
+    from input_pipelines.native_output import native_startup_silenced  # pylint: disable=g-import-not-at-top
+    from trainer import api  # pylint: disable=g-import-not-at-top
+    from trainer.state import config_changes  # pylint: disable=g-import-not-at-top
+    from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
+    from trainer.task import validation  # pylint: disable=g-import-not-at-top
+    if mode not in _MODES:
+      raise UserError(f"--mode={mode}: a Ray job trains (train, train_and_eval); run eval, "
+                      f"export and continuous_eval with python -m trainer")
+    config = _multi_worker(api._as_config(config))  # pylint: disable=protected-access
+    layout.check_local(model_dir)
+    model_dir = os.path.abspath(model_dir)  # Ray's workers run in a directory of their own
+    with native_startup_silenced():  # a plug-in module may import TensorFlow
+      validation.check_config(config)
+    layout.check_layout(model_dir)
+    config_changes.check(model_dir, config.to_dict())
+    storage_path = os.path.abspath(storage_path or os.path.dirname(model_dir))
+    return cls(loop_config={"config": config, "model_dir": model_dir, "mode": mode,
+                            "cwd": os.getcwd(), "path": [os.getcwd(), *sys.path]},
+               num_workers=num_workers, max_failures=max_failures, storage_path=storage_path,
+               name=f"{os.path.basename(model_dir)}.ray")
+
+
+def _multi_worker(config):
+  """The config with runtime.strategy=multi_worker_mirrored: Ray's TF_CONFIG is a cluster
+  of workers, each running the whole loop. A strategy of another kind of cluster
+  (parameter servers, a TPU) cannot run there."""
+  strategy = config.runtime.strategy
+  if strategy in ("parameter_server", "tpu"):
+    raise UserError(f"runtime.strategy={strategy}: Ray Train starts a cluster of workers "
+                    f"only (multi_worker_mirrored); use trainer.launch or TF_CONFIG for it")
+  if strategy == "multi_worker_mirrored":
+    return config
+  config = config.copy_and_resolve_references()
+  config.runtime.strategy = "multi_worker_mirrored"
+  return config
+
+
+def train_loop(loop_config: dict) -> None:
+  """Ray Train's `train_loop_per_worker`: trainer.run on this worker, then the summary
+  reported to Ray (rank 0's is the Result's metrics). Run again by Ray after a failure,
+  it resumes from the latest checkpoint in model_dir."""
+  # Relative paths in the config (data files, plug-in files and modules) mean what they
+  # mean for the driver, as for python -m trainer run in its directory.
+  if os.path.isdir(loop_config["cwd"]):
+    os.chdir(loop_config["cwd"])
+  sys.path.extend([p for p in loop_config["path"] if p not in sys.path])
+  # Ray sets TF_USE_LEGACY_KERAS=1 for Keras 2 (tf_keras) users; distloop is Keras 3, and a
+  # plug-in reaching for tf.keras must get the Keras the model is built with.
+  os.environ.pop("TF_USE_LEGACY_KERAS", None)
+  import trainer  # pylint: disable=g-import-not-at-top
+  model_dir = loop_config["model_dir"]
+  index, count = worker_of(os.environ.get("TF_CONFIG", ""))
+  logging.set_verbosity(logging.INFO)
+  logging.info("Ray Train worker %d of %d (pid %d, TF_CONFIG from Ray)%s", index, count,
+               os.getpid(), ": the chief" if index == 0 else "")
+  if index == 0:
+    wait_for_writer(model_dir)
+  from ray import train as ray_train  # pylint: disable=g-import-not-at-top
+  notice = getattr(ray_train, "get_preemption_info", None)  # Ray >= 2.60
+  actions = [] if notice is None else [
+      trainer.Action(SaveOnPreemptionNotice(notice), every_boundary=True,
+                     name="ray_preemption_notice")]
+  result = trainer.run(loop_config["config"], model_dir, mode=loop_config["mode"],
+                       actions=actions)
+  ray_train.report(_numbers(result))  # every worker: report is a barrier
+
+
+class SaveOnPreemptionNotice:
+  """An Action at every loop boundary: when Ray announces that a node of the group is
+  about to be preempted (a spot reclaim, a drain), save this step now, once per notice,
+  and train on; Ray restarts the group when the node goes, and it resumes from here.
+  `notice()` is ray.train.get_preemption_info: a barrier every worker calls at every
+  boundary, as every worker runs every action, so all see the same answer."""
+
+  def __init__(self, notice):
+    self._notice = notice
+    self._saved_for = None
+
+  def __call__(self, boundary) -> str | None:
+    info = self._notice()
+    if info is None:
+      return None
+    key = repr(info)
+    if key == self._saved_for:
+      return None
+    self._saved_for = key
+    logging.warning("Ray announces a preemption (%s): saving step %d now", info, boundary.step)
+    return "save"
+
+
+def worker_of(tf_config: str) -> tuple[int, int]:
+  """(this worker's index, the worker count) of Ray's TF_CONFIG; UserError in one line
+  for anything else (train_loop outside TensorflowTrainer)."""
+  try:
+    parsed = json.loads(tf_config)
+    workers = parsed["cluster"]["worker"]
+    task = parsed["task"]
+    if task["type"] != "worker" or not 0 <= task["index"] < len(workers):
+      raise ValueError
+    return task["index"], len(workers)
+  except (ValueError, KeyError, TypeError):
+    raise UserError(f"train_loop runs under Ray Train's TensorflowTrainer, which sets "
+                    f"TF_CONFIG to a cluster of workers; TF_CONFIG here is "
+                    f"{tf_config[:200]!r}") from None
+
+
+def wait_for_writer(model_dir: str, seconds: float = _WRITER_WAIT_SECONDS) -> None:
+  """Waits until no process holds model_dir's writer lock. After a failure Ray kills the
+  old group and starts a new one without waiting for the old processes to be gone: the
+  old chief may still hold the lock for a moment (the kernel drops it when it dies)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
+  path = layout.lock_path(model_dir)
+  deadline = time.monotonic() + seconds
+  said = False
+  while True:
+    try:
+      fd = os.open(path, os.O_RDONLY)
+    except OSError:
+      return  # no lock file: nobody holds it (acquire says what else is wrong)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      return
+    except BlockingIOError:
+      if time.monotonic() > deadline:
+        return  # acquire refuses it, naming the holder
+      if not said:
+        logging.info("waiting for the writer lock of %s (a previous attempt's chief "
+                      "still ending?)", model_dir)
+        said = True
+      time.sleep(0.5)
+    except OSError:
+      return
+    finally:
+      os.close(fd)
+
+
+def _numbers(result) -> dict:
+  """The summary's numbers (Ray's metrics), or the run's other result as a value."""
+  if not isinstance(result, dict):
+    return {"result": str(result)}
+  return {key: value for key, value in result.items()
+          if isinstance(value, (int, float, str, bool)) or value is None}
