@@ -94,15 +94,26 @@ class TrainerProcess:
   def send(self, signum: int = signal.SIGTERM) -> None:
     self.process.send_signal(signum)
 
+  def finish(self, timeout: float = 300) -> int:
+    """The exit code; a process still running after `timeout` is killed and the test
+    fails with its log (a hang: every multi-process wait has a limit)."""
+    try:
+      return self.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      pytest.fail(f"still running after {timeout} s (a hang?):\n{self.output[-4000:]}")
+    finally:
+      self.kill()
+
   def stop_at(self, pattern: str, timeout: float = 300) -> int:
     """Waits for a line matching `pattern`, sends SIGTERM and returns the exit code (42:
     preempted, the step saved); the process is killed if anything here fails."""
     try:
       self.wait_for(pattern, timeout=timeout)
       self.send(signal.SIGTERM)
-      return self.wait(timeout=timeout)
-    finally:
+    except BaseException:
       self.kill()
+      raise
+    return self.finish(timeout)
 
   def wait(self, timeout: float = 300) -> int:
     returncode = self.process.wait(timeout=timeout)

@@ -5,7 +5,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -130,12 +129,7 @@ def test_an_evaluator_beside_two_workers_matches_eval_of_the_final_step(tmp_path
   job = TrainerProcess(None, "--num_workers=2", "--num_evaluators=1", "--",
                        f"--model_dir={model_dir}", *_FLAGS, module="trainer.launch",
                        prefix=loopback_only())
-  try:
-    code = job.wait(timeout=400)
-  except subprocess.TimeoutExpired:
-    pytest.fail(f"still running after 400 s (a hang?):\n{job.output[-3000:]}")
-  finally:
-    job.kill()
+  code = job.finish(400)
   output = job.output
   assert code == 0, output[-4000:]
   assert "[evaluator-0] " in output and "This task is the evaluator" in output, output[-4000:]

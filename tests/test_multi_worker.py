@@ -50,17 +50,6 @@ def _chief_and_worker(model_dir, chief_flags=(), worker_flags=(),
                         module="tests.cluster", prefix=loopback_only())
 
 
-def _finish(job: TrainerProcess, timeout: float = _HANG) -> int:
-  """The job's exit code; a job still running after `timeout` is killed and fails."""
-  try:
-    return job.wait(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    job.kill()
-    pytest.fail(f"still running after {timeout} s (a hang?):\n{job.output[-3000:]}")
-  finally:
-    job.kill()
-
-
 def _steps_logged(job: TrainerProcess, task: str) -> list[int]:
   return [int(step) for step in re.findall(rf"\[{task}\].* step (\d+)/", job.output)]
 
@@ -176,7 +165,7 @@ def test_profile_window_cuts_every_workers_loops_at_its_edges(tmp_path, two_repl
   stop its loop there too, or their collectives no longer pair up and the job hangs."""
   job = _launch(tmp_path, "--num_workers=2", "--max_restarts=0",
                 trainer_flags=[*_FLAGS, "--config.runtime.profile_steps=12,17"])
-  assert _finish(job) == 0, job.output[-3000:]
+  assert job.finish(_HANG) == 0, job.output[-3000:]
   boundaries = _steps_logged(job, "worker-0")
   assert {12, 17} <= set(boundaries) and _steps_logged(job, "worker-1") == boundaries
   traces = glob.glob(f"{tmp_path}/tensorboard/plugins/profile/*/*.xplane.pb")
@@ -193,7 +182,7 @@ def test_rollback_restores_the_same_step_on_every_worker(tmp_path):
   train_ok(reference, *flags, *_TWO_REPLICAS)
   job = _launch(tmp_path / "two_workers", "--num_workers=2", "--max_restarts=0",
                 trainer_flags=flags)
-  assert _finish(job) == 0, job.output[-3000:]
+  assert job.finish(_HANG) == 0, job.output[-3000:]
   for task in ("worker-0", "worker-1"):
     rolled_back = re.findall(rf"\[{task}\].*in steps 26..30: rolled back to step (\d+) and "
                              r"skipped the data up to example 1440", job.output)
@@ -228,7 +217,7 @@ def test_chief_and_worker_stop_together_and_resume(tmp_path, two_replicas):
     job.kill()
     raise
   os.kill(_pid_of(job, "chief-0"), signal.SIGTERM)
-  assert _finish(job) == 42, job.output[-3000:]
+  assert job.finish(_HANG) == 42, job.output[-3000:]
   stopped = {task: int(step) for task, step in
              re.findall(r"\[(\w+-0)\].*preempted at step (\d+)", job.output)}
   assert set(stopped) == {"chief-0", "worker-0"} and len(set(stopped.values())) == 1, stopped
@@ -236,7 +225,7 @@ def test_chief_and_worker_stop_together_and_resume(tmp_path, two_replicas):
   assert step % 20 and str(step) in os.listdir(tmp_path / "checkpoints")
 
   resumed = _chief_and_worker(tmp_path)
-  assert _finish(resumed) == 0, resumed.output[-3000:]
+  assert resumed.finish(_HANG) == 0, resumed.output[-3000:]
   for task in ("chief-0", "worker-0"):
     assert re.search(rf"\[{task}\].*Restored checkpoint at step {step} ", resumed.output), task
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
@@ -249,7 +238,7 @@ def test_saves_by_wall_time_follow_the_chiefs_clock(tmp_path):
   job = _chief_and_worker(tmp_path, chief_flags=["--config.checkpoint.interval_seconds=1e-9"],
                           worker_flags=["--config.checkpoint.interval_seconds=1e9"],
                           trainer_flags=flags)
-  assert _finish(job) == 0, job.output[-3000:]
+  assert job.finish(_HANG) == 0, job.output[-3000:]
   for task in ("chief-0", "worker-0"):
     saved = [int(s) for s in re.findall(rf"\[{task}\].*checkpoint.interval_seconds passed on "
                                         r"the chief's clock: saving step (\d+)", job.output)]

@@ -2,12 +2,10 @@
 ExitCode policy: >= 128) gets the one it retries, from the trainer and the launcher."""
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.cli import REPO, run_trainer
+from tests.cli import run_trainer
 from tests.processes import TrainerProcess
 from tests.test_launch import _launch, _launched, state_dir  # pylint: disable=unused-import
 from trainer import errors

@@ -49,16 +49,6 @@ def _ray_job(model_dir, *flags: str) -> TrainerProcess:
                         env=_RAY_ENV, prefix=loopback_only())
 
 
-def _finish(job: TrainerProcess) -> int:
-  try:
-    return job.wait(timeout=_HANG)
-  except subprocess.TimeoutExpired:
-    job.kill()
-    pytest.fail(f"still running after {_HANG} s (a hang?):\n{job.output[-4000:]}")
-  finally:
-    job.kill()
-
-
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
   """One process, two replicas: the weights every Ray run must reach."""
@@ -74,7 +64,7 @@ def launched(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("launched")
   job = TrainerProcess(None, "--num_workers=2", "--", f"--model_dir={model_dir}", *_FLAGS,
                        module="trainer.launch", env=_ONE_THREAD, prefix=loopback_only())
-  assert _finish(job) == 0, job.output[-4000:]
+  assert job.finish(_HANG) == 0, job.output[-4000:]
   return checkpoint_arrays(model_dir, _STEPS)
 
 
@@ -85,7 +75,7 @@ def ray_run(tmp_path_factory):
     pytest.skip("Ray is not installed")
   model_dir = tmp_path_factory.mktemp("ray") / "run"
   job = _ray_job(model_dir, "--num_workers=2")
-  assert _finish(job) == 0, job.output[-4000:]
+  assert job.finish(_HANG) == 0, job.output[-4000:]
   return checkpoint_arrays(model_dir, _STEPS), job.output, model_dir
 
 
@@ -114,7 +104,7 @@ def test_a_killed_ray_worker_restarts_the_group_on_the_same_trajectory(tmp_path,
     pid = int(job.wait_for(r"Ray Train worker 1 of 2 \(pid (\d+)", timeout=_HANG).group(1))
     job.wait_for(r"step 30/60", timeout=_HANG)
     os.kill(pid, signal.SIGKILL)
-    assert _finish(job) == 0, job.output[-4000:]
+    assert job.finish(_HANG) == 0, job.output[-4000:]
   finally:
     job.kill()
   restored = re.findall(r"Restored checkpoint at step (\d+)", job.output)
