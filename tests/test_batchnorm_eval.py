@@ -53,7 +53,9 @@ def _train_and_compare(model_dir, model: str, eval_size: int, *strategy_flags: s
   _assert_same_as_one_replica(metrics, model_dir, flags, eval_size)
 
 
-@pytest.mark.parametrize("eval_size", [1, 7, 100])
+# 1 example: one replica's slice is empty (the fast case); 7 and 100: partial last batches.
+@pytest.mark.parametrize("eval_size", [1, pytest.param(7, marks=pytest.mark.slow),
+                                       pytest.param(100, marks=pytest.mark.slow)])
 def test_conv_batchnorm_two_replicas_with_an_empty_slice(tmp_path, eval_size):
   _train_and_compare(tmp_path, "conv_batchnorm", eval_size, *_mirrored(2))
 

@@ -178,6 +178,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flags, expected):
   assert not output.exists()
 
 
+@pytest.mark.slow  # three conversions (the fast suite's time)
 def test_an_output_folder_of_something_else_is_refused(tmp_path):
   npz = _mnist_npz(tmp_path / "mnist.npz", 50)
   (tmp_path / "busy").mkdir()
@@ -228,7 +229,8 @@ def _start_and_stop_midway(npz, output, signum):
   return process.returncode, stderr
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 42), (signal.SIGKILL, -9)])
+@pytest.mark.parametrize("signum, code", [
+    (signal.SIGTERM, 42), pytest.param(signal.SIGKILL, -9, marks=pytest.mark.slow)])
 def test_an_interrupted_conversion_finishes_when_run_again(tmp_path, big_npz, signum, code):
   npz, reference = big_npz
   output = tmp_path / "out"

@@ -91,7 +91,7 @@ _SGD = ["--config.train.optimizer=sgd", "--config.train.learning_rate=0.5",
         "--config.runtime.strategy=mirrored"]
 
 
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("replicas", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_same_weights_on_several_replicas_with_plain_sgd(project, tmp_path, replicas):
   one = tmp_path / "one"
   many = tmp_path / "many"
