@@ -28,6 +28,7 @@ def test_an_action_every_7_steps_cuts_the_loops_there_and_sees_the_metrics(tmp_p
   assert all(row["loss"] > 0 for row in seen)
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_save_decision_checkpoints_that_step(tmp_path):
   train_ok(tmp_path, *_FLAGS, f"--config.train.actions={_PLUGINS}:save_at_30")
   assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["30", "50", "60"]

@@ -4,6 +4,8 @@ a fake clock for the rule, an interval every loop exceeds for the CLI."""
 import os
 import re
 
+import pytest
+
 from tests.cli import run_trainer
 from trainer.loop import periodic
 
@@ -37,6 +39,7 @@ def test_zero_is_off():
   assert not timer.due()
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_saves_at_the_first_boundary_after_the_interval(tmp_path):
   """Every loop takes longer than 1 ns: a save at every boundary, none by steps before
   the end (checkpoint.interval=100), the final step once."""

@@ -229,8 +229,8 @@ def _start_and_stop_midway(npz, output, signum):
   return process.returncode, stderr
 
 
-@pytest.mark.parametrize("signum, code", [
-    (signal.SIGTERM, 42), pytest.param(signal.SIGKILL, -9, marks=pytest.mark.slow)])
+@pytest.mark.slow  # converts a big input twice: the fast suite's time (CI runs it)
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 42), (signal.SIGKILL, -9)])
 def test_an_interrupted_conversion_finishes_when_run_again(tmp_path, big_npz, signum, code):
   npz, reference = big_npz
   output = tmp_path / "out"

@@ -284,6 +284,7 @@ def test_bad_fields_are_named(folder, field, value):
     image_folder.build(_config(folder, **{field: value}), seed=0)
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_trains_well_above_chance_and_exports(folder, tmp_path):
   """3 classes (chance 1/3), 144 train / 36 held-out images of mixed sizes and modes."""
   model_dir = tmp_path / "run"

@@ -22,6 +22,7 @@ def uninterrupted(tmp_path_factory):
   return checkpoint_arrays(model_dir, 60)
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_sigterm_then_resume_skips_to_the_same_examples(tmp_path, uninterrupted):
   process = TrainerProcess(tmp_path, *_FLAGS)
   assert process.stop_at(r"step 25/60") == 42, process.output  # mid-epoch: 20.8 steps an epoch

@@ -288,6 +288,7 @@ def test_a_csv_without_the_label_column_exits_2_with_one_line(tmp_path):
   assert not model_dir.exists()
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_keep_best_keeps_the_lowest_eval_mse_when_best_mode_is_min(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=import-outside-toplevel
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel

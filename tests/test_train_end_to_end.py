@@ -141,6 +141,7 @@ def test_mlp_with_sgd_trains(tmp_path):
   assert summary["eval_accuracy"] > 0.8
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_one_device_strategy_trains_to_the_weights_of_default(tmp_path):
   flags = ["--config=synthetic", "--config.train.steps=40", "--config.runtime.deterministic=true"]
   summary = train_ok(tmp_path / "one_device", *flags, "--config.runtime.strategy=one_device")

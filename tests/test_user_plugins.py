@@ -104,6 +104,7 @@ def test_same_weights_on_several_replicas_with_plain_sgd(project, tmp_path, repl
   assert np.abs(expected["model/spirals/logits/bias"]).max() > 1e-3  # training moved them
 
 
+@pytest.mark.slow  # a whole training run or two: the fast suite's time (CI runs it)
 def test_sigterm_then_resume_ends_with_the_uninterrupted_weights(project, tmp_path):
   flags = [_config(project), "--config.train.steps=200", "--config.train.steps_per_loop=10",
            "--config.checkpoint.interval=100", "--config.runtime.deterministic=true"]

@@ -29,7 +29,7 @@ def plain_one_replica(tmp_path_factory):
   return _model_weights(model_dir)
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_xla_step_trains_the_weights_of_the_plain_step(plain_one_replica, tmp_path, replicas):
   summary = train_ok(tmp_path, *_SGD, "--config.runtime.jit_compile=true",
                      f"--config.runtime.num_cpu_devices={replicas}")
