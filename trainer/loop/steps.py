@@ -108,10 +108,12 @@ def check_values(what: str, values) -> dict:
   return values
 
 
-def discover(step_fn, batch_spec, what: str, strategy=None) -> tuple[list, dict]:
+def discover(step_fn, batch_spec, what: str, strategy=None, check=None) -> tuple[list, dict]:
   """(the names the step returns, in order; the context's gradient norms by name), by
   tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
-  With a `strategy` it is traced in a replica context, as it will run."""
+  With a `strategy` it is traced in a replica context, as it will run. `check(what,
+  trace)` traces it instead (TaskState.check_step: the trace is checked against the
+  task's checkpointed state)."""
   found = {}
 
   def replica_probe(batch):
@@ -125,7 +127,13 @@ def discover(step_fn, batch_spec, what: str, strategy=None) -> tuple[list, dict]
       return replica_probe(batch)
     return strategy.run(replica_probe, args=(batch,))
 
-  tf.function(probe, autograph=True).get_concrete_function(batch_spec)
+  def trace():
+    return tf.function(probe, autograph=True).get_concrete_function(batch_spec)
+
+  if check is None:
+    trace()
+  else:
+    check(what, trace)
   return list(found["values"]), dict(found["norms"])
 
 

@@ -11,11 +11,15 @@ strategy, and owns everything around them:
   would all-reduce a second time), from a loss divided by the global batch
   (`step.replica_loss`), with float16 loss scaling per optimizer and
   `train.clip_grad_norm` after the reduction;
-- the state: every model, optimizer (its slots and step count) and variable the
-  task holds as an attribute (or lists in `state()`) is checkpointed by orbax
-  under keys that do not depend on Keras's per-process numbering, and restored
-  exactly; randomness drawn with `step.normal` / `step.uniform` / `step.seed` is
-  a stateless function of (runtime.seed, step), so a resumed run draws the same;
+- the state: every model, layer, optimizer (its slots and step count), variable,
+  metric and random generator the task holds (attributes, at any depth of dicts,
+  lists and tuples, or what `state()` returns) is checkpointed by orbax under keys
+  that do not depend on Keras's per-process numbering, and restored exactly. The
+  traced steps are the ground truth: a variable they read or write that no
+  checkpoint would hold, a variable they create, or randomness with a hidden state
+  (`tf.random.normal`) is refused at start-up; randomness drawn with `step.normal`
+  / `step.uniform` / `step.seed` is a stateless function of (runtime.seed, step),
+  so a resumed run draws the same;
 - the metrics: each value `train_step` / `eval_step` returns is per example
   (shape [batch]) or per step (a scalar); distloop sums them and divides once by
   the example count, so train_<name> and eval_<name> are exact means for any
@@ -28,7 +32,7 @@ strategy, and owns everything around them:
       def train_step(self, batch, step: StepContext) -> dict[str, Tensor]
       def eval_step(self, batch) -> dict[str, Tensor]      # optional: {} = no eval
       def export(self) -> Export | None                    # optional
-      def state(self) -> dict                              # optional: attributes by default
+      def state(self) -> dict                              # optional: what it holds by default
 
 `batch` is what the data plug-in delivers: (features, labels), this replica's
 share. The built-in supervised step (trainer/task/supervised.py) is a Task like
@@ -38,8 +42,6 @@ import dataclasses
 from typing import Any, Callable
 
 import keras
-
-from trainer.task import keys
 
 
 @dataclasses.dataclass
@@ -80,20 +82,9 @@ class Task:
     return None
 
   def state(self) -> dict:
-    """{name: model | optimizer | variable} to checkpoint. By default every attribute
-    holding one (or a list / dict of them), in attribute order."""
-    found = {}
-    for name, value in vars(self).items():
-      if name.startswith("__"):
-        continue
-      if isinstance(value, dict):
-        for key, item in value.items():
-          found[f"{name}_{key}"] = item
-      elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-          found[f"{name}_{index}"] = item
-      else:
-        found[name] = value
-    return {name: value for name, value in found.items()
-            if isinstance(value, (keras.Model, keras.optimizers.Optimizer))
-            or keys.is_variable(value)}
+    """{name: what to checkpoint}. By default everything the task holds, at any depth of
+    dicts, lists and tuples: models, layers, optimizers, variables, metrics and random
+    generators (trainer/task/state.py says how each is keyed)."""
+    from trainer.task import state  # pylint: disable=g-import-not-at-top  (it imports optimizers)
+    return state.held({name: value for name, value in vars(self).items()
+                       if not name.startswith("__")})

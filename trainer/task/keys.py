@@ -7,10 +7,15 @@ A checkpoint keyed by them could not be restored by a second run in the same
 process. Here a name Keras chose (its class in snake case, maybe `_<n>`) is
 replaced by the one a fresh process building only this task would give it: the
 base name, numbered by order of appearance in the task's state. Names a user
-chose are kept. Keys:
+chose are kept. What is not a model is keyed by where the task holds it (`<name>`:
+the attribute, `<attribute>_<key or index>` in a dict or list; trainer/task/state.py).
+Keys:
 
     model item:      <model>/<layer>[/<sublayer>...]/<variable>   every model
-                     state/<name>                                 extra variables
+                     state/<name>[/<sublayer>...]/<variable>      a layer or metric held
+                                                                  outside the models
+                     state/<name>                                 extra variables, a random
+                                                                  generator's state
     optimizer item:  <optimizer>/iteration, <optimizer>/<variable key with _>_<slot>
                      loss_scale/<optimizer>/scale|finite_steps    (float16)
 """
@@ -141,9 +146,45 @@ def _slots_by_variable(optimizer) -> dict:
   return found
 
 
+def layer_variables(layers: dict, keyed: dict) -> dict:
+  """{state/<name>/[<sublayer>/...]<variable>: variable} of the layers and metrics a task
+  holds outside its models ({name: layer or metric}); a variable `keyed` has already (a
+  layer of a model) stays keyed there."""
+  taken = {id(variable) for variable in keyed.values()}
+  found = {}
+  for name, layer in layers.items():
+    if isinstance(layer, keras.metrics.Metric):
+      own = {f"state/{name}/{variable.name}": variable for variable in layer.variables}
+    else:
+      own = model_variables({f"state/{name}": layer})
+    for key, variable in own.items():
+      if id(variable) not in taken:
+        taken.add(id(variable))
+        found[key] = variable
+  return found
+
+
 def extra_variables(variables: dict) -> dict:
   """{state/<name>: variable} of the task's own variables (counters, EMA weights)."""
   return {f"state/{name}": variable for name, variable in variables.items()}
+
+
+def merged(*keyed: dict) -> dict:
+  """One {key: variable} of several; a key given twice, or one that is another's folder
+  (`state/a` and `state/a/kernel`), would overwrite the other in the checkpoint: refused."""
+  result = {}
+  for part in keyed:
+    for key, variable in part.items():
+      if key in result:
+        raise UserError(f"two variables of the task share the checkpoint key {key!r}; "
+                        f"name them apart")
+      result[key] = variable
+  folders = {"/".join(key.split("/")[:i]) for key in result for i in range(1, key.count("/") + 1)}
+  clash = sorted(folders.intersection(result))
+  if clash:
+    raise UserError(f"the checkpoint key {clash[0]!r} of a variable of the task is also a "
+                    f"folder of other keys; name them apart")
+  return result
 
 
 def is_variable(value) -> bool:

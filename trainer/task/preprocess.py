@@ -22,25 +22,10 @@ import tensorflow as tf
 from input_pipelines import batching
 from input_pipelines.sources import Source
 from trainer.task import plugins
+from trainer.task import stateful_ops
 
 FIELD = "data.preprocess"
 
-# Ops that draw from a hidden state: legacy random ops (they also carry a `seed2` attr),
-# tf.random.Generator's, and the non-deterministic ones.
-_STATEFUL_RANDOM_OPS = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
-    "RandomPoisson", "RandomPoissonV2", "RandomCrop", "SampleDistortedBoundingBox",
-    "SampleDistortedBoundingBoxV2", "StatefulUniform", "StatefulUniformInt",
-    "StatefulUniformFullInt", "StatefulStandardNormal", "StatefulStandardNormalV2",
-    "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip", "RngReadAndSkip",
-    "NonDeterministicInts",
-})
-_VARIABLE_WRITES = frozenset({
-    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd",
-    "AssignSub", "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub",
-    "ResourceScatterNdUpdate", "ResourceScatterNdAdd", "ScatterUpdate", "ScatterAdd",
-})
 # Name scopes of the stateful APIs -> the stateless call that replaces them.
 _STATELESS = {
     **{f"random_{what}": f"tf.image.stateless_random_{what}({args}, seed=seed)"
@@ -93,7 +78,7 @@ def _check(spec: str, preprocess: Callable, example_spec) -> None:
   except Exception as e:  # pylint: disable=broad-except  (tracing user code raises anything)
     raise plugins.UserError(f"{FIELD}={spec!r} raised {type(e).__name__}: "
                             f"{_without_autograph(str(e), type(e).__name__)}") from None
-  stateful = _first_stateful(graph.as_graph_def())
+  stateful = stateful_ops.first(graph.as_graph_def())
   if stateful is not None:
     name, op = stateful
     raise plugins.UserError(
@@ -102,23 +87,12 @@ def _check(spec: str, preprocess: Callable, example_spec) -> None:
         f"distloop passes, e.g. {_replacement(name, op)}")
 
 
-def _first_stateful(graph_def) -> tuple[str, str] | None:
-  """(node name, op) of the first op that keeps state between calls, in the graph or in
-  any function it calls (a tf.cond or tf.while_loop body, a Keras layer's call)."""
-  nodes = [*graph_def.node, *(node for function in graph_def.library.function
-                              for node in function.node_def)]
-  for node in nodes:
-    if node.op in _STATEFUL_RANDOM_OPS or node.op in _VARIABLE_WRITES or "seed2" in node.attr:
-      return node.name, node.op
-  return None
-
-
 def _replacement(name: str, op: str) -> str:
   """The stateless call for the API whose name scope `name` shows, outermost first."""
   replacement = next((_STATELESS[scope] for scope in
                       (re.sub(r"_\d+$", "", scope) for scope in name.split("/"))
                       if scope in _STATELESS), _GENERIC)
-  if op in _VARIABLE_WRITES or op.startswith(("Stateful", "Rng")):
+  if op in stateful_ops.VARIABLE_WRITES or op in stateful_ops.VARIABLE_RANDOM_OPS:
     replacement += (" (a Keras random layer or a tf.random.Generator keeps its state in a "
                     "variable: call the stateless ops in the function instead)")
   return replacement

@@ -1,45 +1,112 @@
-"""What a built Task holds, sorted and keyed for checkpoints: `TaskState`.
+"""What a built Task holds, sorted and keyed for checkpoints: `TaskState`; and the check
+that it is everything the task's traced steps use.
 
-Models, optimizers and extra variables come from `task.state()` (its attributes
-by default); float16 adds a loss scale per optimizer. The keys come from
+What is held comes from `task.state()`: by default everything the task holds
+(`held`: attributes, at any depth of dicts, lists and tuples) that has state: models,
+layers, optimizers, variables, metrics, a `tf.random.Generator` or a Keras
+`SeedGenerator`; float16 adds a loss scale per optimizer. The keys come from
 trainer/task/keys.py and do not depend on Keras's per-process numbering.
+
+The traced steps are the ground truth (`check_step`, called as steps.discover traces
+each step): a variable a step reads or writes that no checkpoint would hold, a
+variable created while the step is traced (it would be created after the state was
+keyed), or randomness whose state no checkpoint can hold (`tf.random.normal`) would
+make a resumed run differ from an uninterrupted one. Each is refused in one line.
 """
+import re
+
 import keras
 import numpy as np
+import tensorflow as tf
 
 from trainer.task import keys
 from trainer.task import loss_scale as loss_scales
 from trainer.task import optimizers as optimizer_rules
+from trainer.task import stateful_ops
 from trainer.errors import UserError
+
+_GENERATORS = (tf.random.Generator, keras.random.SeedGenerator)  # state: one variable
+_STATEFUL = (keras.layers.Layer, keras.optimizers.Optimizer, keras.metrics.Metric, *_GENERATORS)
+
+
+def held(named: dict) -> dict:
+  """{name: model | layer | optimizer | variable | metric | generator} found in `named`
+  (a task's attributes) and in the dicts, lists and tuples they hold, at any depth; an
+  item is named `<attribute>_<key or index>[_...]`.
+
+  What a task held before layers, generators and deeper containers were walked (models,
+  optimizers and variables at most one container deep) comes first, in attribute order,
+  so that the checkpoint keys of those stay as they were. An object held twice is
+  named where first found (a variable is keyed at each place, as before).
+  """
+  found = []  # (name, value, depth)
+
+  def visit(name, value, depth: int, containers: tuple) -> None:
+    if isinstance(value, (dict, list, tuple)):
+      if id(value) in containers:  # a container holding itself
+        return
+      items = value.items() if isinstance(value, dict) else enumerate(value)
+      for key, item in items:
+        visit(f"{name}_{key}", item, depth + 1, (*containers, id(value)))
+    elif isinstance(value, _STATEFUL) or keys.is_variable(value):
+      found.append((name, value, depth))
+
+  for name, value in named.items():
+    visit(name, value, 0, ())
+
+  def held_before(value, depth: int) -> bool:
+    return depth <= 1 and (isinstance(value, (keras.Model, keras.optimizers.Optimizer))
+                           or keys.is_variable(value))
+
+  ordered = ([item for item in found if held_before(item[1], item[2])]
+             + [item for item in found if not held_before(item[1], item[2])])
+  result, placed = {}, set()
+  for name, value, _ in ordered:
+    if not keys.is_variable(value):
+      if id(value) in placed:
+        continue
+      placed.add(id(value))
+    if name in result and result[name] is not value:
+      raise UserError(f"two things the task holds would both be checkpointed as {name!r} "
+                      f"(an attribute and a container's item?): rename one")
+    result[name] = value
+  return result
 
 
 class TaskState:
   """Create inside `strategy.scope()`, after task.build()."""
 
   def __init__(self, task, *, float16: bool):
-    held = task.state()
-    if not isinstance(held, dict):
-      raise UserError(f"{type(task).__name__}.state() returned {type(held).__name__}, not a "
+    self._task_name = type(task).__name__
+    found = task.state()
+    if not isinstance(found, dict):
+      raise UserError(f"{self._task_name}.state() returned {type(found).__name__}, not a "
                       f"dict of models, optimizers and variables")
-    models = [v for v in held.values() if isinstance(v, keras.Model)]
-    optimizers = [v for v in held.values() if isinstance(v, keras.optimizers.Optimizer)]
-    extra = {name: v for name, v in held.items() if keys.is_variable(v)}
-    if not models and not extra:
-      raise UserError(f"{type(task).__name__} holds no model or variable after build(): "
+    found = held(found)  # a state() of the task's own may return containers and layers too
+    models = [v for v in found.values() if isinstance(v, keras.Model)]
+    optimizers = [v for v in found.values() if isinstance(v, keras.optimizers.Optimizer)]
+    layers = {name: v for name, v in found.items()
+              if isinstance(v, (keras.layers.Layer, keras.metrics.Metric))
+              and not isinstance(v, keras.Model)}
+    extra = {name: v for name, v in found.items() if keys.is_variable(v)}
+    extra.update({name: v.state for name, v in found.items() if isinstance(v, _GENERATORS)})
+    if not models and not extra and not any(v.variables for v in layers.values()):
+      raise UserError(f"{self._task_name} holds no model or variable after build(): "
                       f"keep them as attributes (self.model = ...) or return them from state()")
     for optimizer in optimizers:
       if not optimizer.built:
-        raise UserError(f"{type(task).__name__}'s optimizer {optimizer.name!r} is not built: "
+        raise UserError(f"{self._task_name}'s optimizer {optimizer.name!r} is not built: "
                         f"call optimizer.build(variables) in build()")
     self.models = keys.model_names(models)
     self.optimizers = keys.optimizer_names(optimizers)
     for name, optimizer in self.optimizers.items():  # a Task's own ones too
-      optimizer_rules.check_supported(optimizer, f"{type(task).__name__}'s optimizer {name!r}")
+      optimizer_rules.check_supported(optimizer, f"{self._task_name}'s optimizer {name!r}")
     # float16: one dynamic loss scale per optimizer (its updates skip on overflow alone).
     self.loss_scales = {id(optimizer): loss_scales.DynamicLossScale() if float16 else None
                         for optimizer in optimizers}
     model_keys = keys.model_variables(self.models)
-    self.model_variables = {**model_keys, **keys.extra_variables(extra)}
+    model_keys = keys.merged(model_keys, keys.layer_variables(layers, keyed=model_keys))
+    self.model_variables = keys.merged(model_keys, keys.extra_variables(extra))
     self.optimizer_variables = keys.optimizer_variables(self.optimizers, model_keys)
     for name, optimizer in self.optimizers.items():
       scale = self.loss_scales[id(optimizer)]
@@ -49,6 +116,40 @@ class TaskState:
 
   def all_variables(self) -> list:
     return [*self.model_variables.values(), *self.optimizer_variables.values()]
+
+  def check_step(self, what: str, trace) -> None:
+    """`trace()` traces the task's step `what` ("train_step", "eval_step") and returns its
+    concrete function (steps.discover). Refuses, in one line: a variable created while it
+    is traced, randomness with a hidden state, a variable it uses that is not checkpointed."""
+    step = f"{self._task_name}'s {what}"
+
+    def refuse_creation(next_creator, **kwargs):
+      del next_creator
+      name = str(kwargs.get("name") or "a variable")
+      raise UserError(_global_seed_generator(step, name) or (
+          f"{step} creates variable {name!r} while it is traced: it would not be "
+          f"checkpointed; create it in build()"))
+
+    with tf.variable_creator_scope(refuse_creation):
+      graph = trace().graph
+    stateful = stateful_ops.first(graph.as_graph_def(), variable_random=False, writes=False)
+    if stateful is not None:
+      node, op = stateful
+      instead = ("step.normal / step.uniform, or tf.random.stateless_* with seed=step.seed()"
+                 if what == "train_step" else "tf.random.stateless_* with a fixed seed")
+      raise UserError(f"{step} draws randomness with a hidden state ({op} in {node}), so a "
+                      f"resumed run would draw other numbers: use {instead}")
+    saved = set()
+    for variable in [*self.all_variables(),
+                     *(v for o in self.optimizers.values() for v in o.variables)]:
+      saved.update(_identities(variable))  # the learning rate: from the config, on purpose
+    for variable in graph.variables:
+      if not saved.intersection(_identities(variable)):
+        name = re.sub(r"/replica_\d+(?=:|$)", "", variable.name)
+        raise UserError(_global_seed_generator(step, name) or (
+            f"{step} uses variable {name!r} that no checkpoint would hold: keep it as an "
+            f"attribute of the task (or in a dict or list it holds), or return it from "
+            f"state()"))
 
   def describe(self) -> list[str]:
     """For the start-up log and TensorBoard: every model's parameter count, every
@@ -75,3 +176,35 @@ class TaskState:
       return {"learning_rate": float(optimizer.learning_rate.numpy())}
     return {f"learning_rate_{name}": float(optimizer.learning_rate.numpy())
             for name, optimizer in self.optimizers.items()}
+
+
+def _identities(variable) -> set:
+  """The ids of a variable and of everything a traced step may read in its place: a Keras
+  variable's tf.Variable, a distributed variable's per-device components, a sharded
+  variable's shards, and their resource handles."""
+  found, stack = set(), [variable]
+  while stack:
+    value = stack.pop()
+    if id(value) in found:
+      continue
+    found.add(id(value))
+    if isinstance(value, keras.Variable):
+      stack.append(value.value)
+    if isinstance(value, tf.distribute.DistributedValues):
+      stack.extend(value.values)
+    stack.extend(getattr(value, "variables", None) or [])  # a ShardedVariable's shards
+    if hasattr(value, "_v"):  # a parameter server's AggregatingVariable
+      stack.append(value._v)  # pylint: disable=protected-access
+    if isinstance(value, tf.Variable) and not isinstance(value, tf.distribute.DistributedValues):
+      found.add(id(value.handle))
+  return found
+
+
+def _global_seed_generator(step: str, name: str) -> str | None:
+  """The line for Keras's global SeedGenerator (keras.random.* called without seed=)."""
+  if not re.search(r"seed_generator_state(:\d+)?$", name):
+    return None
+  return (f"{step} draws randomness from a Keras SeedGenerator ({name!r}) that no "
+          f"checkpoint would hold (keras.random.* without seed=?), so a resumed run would "
+          f"draw other numbers: use step.normal / step.uniform / step.seed, or pass a "
+          f"keras.random.SeedGenerator the task holds as seed=")
