@@ -146,6 +146,8 @@ class TaskState:
     for variable in graph.variables:
       if not saved.intersection(_identities(variable)):
         name = re.sub(r"/replica_\d+(?=:|$)", "", variable.name)
+        if name.startswith("StateVar"):
+          name += " (a tf.random.Generator's state)"
         raise UserError(_global_seed_generator(step, name) or (
             f"{step} uses variable {name!r} that no checkpoint would hold: keep it as an "
             f"attribute of the task (or in a dict or list it holds), or return it from "
@@ -205,6 +207,7 @@ def _global_seed_generator(step: str, name: str) -> str | None:
   if not re.search(r"seed_generator_state(:\d+)?$", name):
     return None
   return (f"{step} draws randomness from a Keras SeedGenerator ({name!r}) that no "
-          f"checkpoint would hold (keras.random.* without seed=?), so a resumed run would "
+          f"checkpoint would hold (keras.random.* without seed=, or a random layer the task "
+          f"does not hold?), so a resumed run would "
           f"draw other numbers: use step.normal / step.uniform / step.seed, or pass a "
           f"keras.random.SeedGenerator the task holds as seed=")
