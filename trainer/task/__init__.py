@@ -3,7 +3,8 @@
 `contract.py` the contract a user implements; `contexts.py` what distloop hands a
 Task (the reduction, loss scaling and stateless randomness live there);
 `supervised.py` the built-in step, written on the same contract; `state.py` /
-`keys.py` what a built Task holds and its checkpoint keys.
+`keys.py` what a built Task holds, its checkpoint keys and the check of its traced steps
+against them (`stateful_ops.py`: which traced ops keep state, shared with the preprocess).
 
 Around them, what a step is made of: optimizers (the one place gradients become
 an update) and loss scaling, losses, metrics, heads (a multi-output model's loss,
