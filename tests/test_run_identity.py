@@ -4,6 +4,7 @@ eval or export compares against the step it restores, not only against config.js
 (a copy anyone can edit). A step of another run is refused in one line and left in
 place; an old step (meta without an identity) is judged by its meta's config; and a
 refused resume writes nothing (config.json, config_history/)."""
+import glob
 import hashlib
 import importlib.machinery
 import json
@@ -242,9 +243,15 @@ def fixture_unreachable_mlflow(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_resume_refused_by_mlflow_writes_nothing(model_dir, unreachable_mlflow):
+@pytest.mark.parametrize("unreadable_step", [False, True])
+def test_a_resume_refused_by_mlflow_writes_nothing(model_dir, unreachable_mlflow,
+                                                   unreadable_step):
   """(e) Catches: an unreachable runtime.mlflow_uri refused (exit 2) after config.json was
-  rewritten and config_history/ added to, so the next plain resume inherited the URI."""
+  rewritten and config_history/ added to, so the next plain resume inherited the URI; and
+  (with an unreadable newer step) after that step was set aside in checkpoints_corrupt/."""
+  if unreadable_step:
+    for path in glob.glob(f"{_copy_step(model_dir, model_dir, as_step=3)}/*/manifest.ocdbt"):
+      os.remove(path)
   before = _contents(model_dir)
   with pytest.raises(UserError, match="cannot log to MLflow"):
     _train(model_dir, _config(**{"train.steps": 4, "runtime.mlflow_uri": "http://127.0.0.1:9"}))

@@ -189,7 +189,9 @@ class Trainer:
     config = self.config
     total, batch_size = config.train.steps, config.train.global_batch_size
 
-    # Refuses another model's checkpoints before anything is written.
+    # Refuses another model's checkpoints (and an unreachable MLflow) before anything is
+    # written or moved.
+    self.mlflow_log.connect()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
     watcher = preemption.PreemptionWatcher(self.agreement)
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
