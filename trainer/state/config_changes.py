@@ -75,7 +75,7 @@ def check(model_dir: str, config_dict: dict) -> None:
   if recorded is None:
     return
   copy = _read_json(layout.config_path(model_dir))
-  new = _flat(config_dict)
+  new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
   for field, before in sorted(recorded.items()):
     after = new.get(field, _MISSING)
     if after == before:
@@ -131,7 +131,7 @@ def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
   fixed = recorded.get("fixed")
   if not isinstance(fixed, dict):
     fixed = fixed_fields(meta.get("config") or {})
-  new = _flat(config_dict)
+  new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
   advice = ("a resume cannot change it: keep the run's value, or train in a new --model_dir"
             if training else "pass the training run's value, or evaluate the right --model_dir")
   for field, before in sorted(fixed.items()):
@@ -190,6 +190,10 @@ def _read_json(path: str):
       return json.load(f)
   except (OSError, ValueError):
     return None
+
+
+def _plain(value):
+  return json.loads(json.dumps(value, default=str))
 
 
 def _steps(model_dir: str) -> list[int]:
