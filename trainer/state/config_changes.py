@@ -152,8 +152,9 @@ def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
 
 
 def _refuse(where: str, theirs: str, ours: str, advice: str) -> None:
-  raise UserError(f"{where} belongs to another run: it was trained with {theirs}, not "
-                  f"{ours}; {advice} (nothing was moved or deleted)")
+  raise UserError(f"{where} was trained with {theirs}, not {ours}: a step of another run, "
+                  f"or a config that is not this run's; {advice} (nothing was moved or "
+                  f"deleted)")
 
 
 def _same_task(recorded: str, current: str) -> bool:
