@@ -22,7 +22,11 @@ config.train.steps = 40  # the same model_dir again, in the same process: it res
 results["resumed"] = trainer.run(config, model_dir)["step"]
 results["again"] = trainer.run(config, model_dir).get("already_finished")
 results["eval"] = trainer.run(config, model_dir, mode="eval")["examples"]
-results["by_name"] = trainer.run("synthetic", model_dir, mode="eval")["step"]  # a name works
+try:  # a name works: it loads, and its data (10,000 examples) is not the run's: refused
+  trainer.run("synthetic", model_dir, mode="eval")
+except UserError as e:
+  results["by_name"] = str(e)
+results["by_path"] = trainer.run(model_dir + "/config.json", model_dir, mode="eval")["step"]
 results["export"] = trainer.run(config, model_dir, mode="export")
 
 other = configs.get("synthetic")  # a second, different model in the same process
@@ -63,7 +67,9 @@ def test_one_process_trains_resumes_and_trains_another_config(tmp_path):
   assert "Restored checkpoint at step 20" in completed.stderr  # resumed, not restarted
   assert results["again"] is True
   assert results["eval"] == 2000
-  assert results["by_name"] == 40
+  assert ("data.num_train_examples=256" in results["by_name"]
+          and "data.num_train_examples=10000" in results["by_name"]), results["by_name"]
+  assert results["by_path"] == 40
   assert results["export"].endswith("export/40")
   assert results["other"] == 10
   assert results["auto_resumed"] == 20

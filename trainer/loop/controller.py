@@ -153,7 +153,7 @@ class Trainer:
                                   model_variables=self.state.model_variables,
                                   optimizer_variables=self.state.optimizer_variables,
                                   agreement=self.agreement, is_chief=self.is_chief,
-                                  read_only=read_only)
+                                  read_only=read_only, task_name=_task_name(self.task))
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)
@@ -190,7 +190,9 @@ class Trainer:
     config = self.config
     total, batch_size = config.train.steps, config.train.global_batch_size
 
-    # Refuses another model's checkpoints before anything is written.
+    # Refuses another model's checkpoints (and an unreachable MLflow) before anything is
+    # written or moved.
+    self.mlflow_log.connect()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
     watcher = preemption.PreemptionWatcher(self.agreement)
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
@@ -198,10 +200,10 @@ class Trainer:
     schedule.at_phase("restored", self._boundary(position.step, {}))
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
+    self.mlflow_log.start(config.to_dict())  # may refuse (exit 2): before any write
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
-    self.mlflow_log.start(config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
@@ -582,6 +584,10 @@ def _looks_like_images(features) -> bool:
   """TensorBoard's input samples: only for one [b, H, W, 1|3|4] array of features."""
   return (tf.is_tensor(features) and features.shape.rank == 4 and features.shape[-1] in (1, 3, 4)
           and (features.dtype.is_floating or features.dtype == tf.uint8))
+
+
+def _task_name(task) -> str:
+  return f"{type(task).__module__}:{type(task).__qualname__}"
 
 
 def _what_trains(config) -> str:

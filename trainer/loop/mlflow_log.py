@@ -34,18 +34,34 @@ class MlflowLog:
     self._enabled = enabled and bool(self._uri)
     self._client = self._run_id = None
 
+  def connect(self) -> None:
+    """UserError if the server cannot be reached: called before the run writes or moves
+    anything in model_dir (a refused run writes nothing); reads only."""
+    if not self._enabled or self._client is not None:
+      return
+    for key, value in _CLIENT_SETTINGS.items():
+      os.environ.setdefault(key, value)
+    from mlflow import MlflowClient  # pylint: disable=g-import-not-at-top  (optional extra)
+    try:
+      client = MlflowClient(tracking_uri=self._uri)
+      client.get_experiment_by_name(self._experiment)
+    except Exception as error:  # pylint: disable=broad-except  (any client or HTTP failure)
+      raise self._unreachable(error) from None
+    self._client = client
+
+  def _unreachable(self, error: Exception) -> UserError:
+    return UserError(f"runtime.mlflow_uri={self._uri!r}: cannot log to MLflow "
+                     f"({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+
   def start(self, config_dict: dict) -> None:
     """Creates the MLflow run (params: the flattened config), or reopens the one this
     model_dir logged into before. UserError if the server cannot be reached."""
     if not self._enabled:
       return
-    for key, value in _CLIENT_SETTINGS.items():
-      os.environ.setdefault(key, value)
-    from mlflow import MlflowClient  # pylint: disable=g-import-not-at-top  (optional extra)
-    from mlflow.entities import Param  # pylint: disable=g-import-not-at-top
+    self.connect()
+    from mlflow.entities import Param  # pylint: disable=g-import-not-at-top  (optional extra)
     path = os.path.join(self._model_dir, "mlflow_run.json")
     try:
-      self._client = MlflowClient(tracking_uri=self._uri)
       known = _read(path)
       if known.get("tracking_uri") == self._uri:
         self._run_id = known["run_id"]
@@ -64,8 +80,7 @@ class MlflowLog:
       for start in range(0, len(params), 100):  # MLflow's limit per batch
         self._client.log_batch(self._run_id, params=params[start:start + 100])
     except Exception as error:  # pylint: disable=broad-except  (any client or HTTP failure)
-      raise UserError(f"runtime.mlflow_uri={self._uri!r}: cannot log to MLflow "
-                      f"({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+      raise self._unreachable(error) from None
     with open(path + ".tmp", "w") as f:
       json.dump({"tracking_uri": self._uri, "run_id": self._run_id}, f)
     os.replace(path + ".tmp", path)

@@ -22,11 +22,19 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               state), train.loss (and loss_weights), train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
               user's config adds
 
-`check` compares the config with the one the model_dir recorded (config.json, or
-the newest checkpoint's meta when config.json is gone) before TensorFlow starts,
+The checkpoint is the record, config.json only a copy: each step's meta holds
+the run's identity (`identity`: the fixed fields, the Task's class, the key set
+and shapes of what is saved). `check` compares the config with the newest step's
+meta (config.json only when no step's meta can be read) before TensorFlow starts,
 and refuses a change to a fixed field in one line naming the field, both values
-and what to do (exit 2, nothing written). Pure Python.
+and what to do (exit 2, nothing written) - an edited or emptied config.json
+included: it is refused, not trusted. `check_step` compares the step being
+restored (a resume, eval, export, continuous_eval) with this run: a step of
+another run copied into checkpoints/ is refused the same way, and never taken for
+a corrupt one (nothing is moved). A step written before meta held an identity is
+judged by its meta's config. Pure Python.
 """
+import hashlib
 import json
 import os
 
@@ -50,6 +58,7 @@ _FIXED_FIELDS = {
 _WARNED_FIELDS = ("data.dir",)
 _MUTABLE_FIELDS = ("data.pad_to",)
 _MISSING = object()
+_NO_COPY = object()
 
 
 def is_fixed(field: str) -> bool:
@@ -65,11 +74,10 @@ def check(model_dir: str, config_dict: dict) -> None:
   recorded, where = _recorded(model_dir)
   if recorded is None:
     return
-  old, new = _flat(recorded), _flat(config_dict)
-  for field in sorted(set(old) | set(new)):
-    if not is_fixed(field) or field not in old:  # not recorded: a field added since
-      continue
-    before, after = old[field], new.get(field, _MISSING)
+  copy = _read_json(layout.config_path(model_dir))
+  new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
+  for field, before in sorted(recorded.items()):
+    after = new.get(field, _MISSING)
     if after == before:
       continue
     if field in _WARNED_FIELDS:
@@ -79,30 +87,114 @@ def check(model_dir: str, config_dict: dict) -> None:
       continue
     what = _FIXED_FIELDS.get(field) or f"the {field.split('.', 1)[0]}"
     now = f"{field}={after!r}" if after is not _MISSING else f"this config has no {field}"
-    keep = (f"keep {field}={before!r} (omitting --config resumes with {where})"
-            if where == layout.config_path(model_dir) else f"keep {field}={before!r}")
+    copied = _flat(copy).get(field, _MISSING) if isinstance(copy, dict) else _NO_COPY
+    if copied is _NO_COPY:
+      keep = f"keep {field}={before!r}"
+    elif copied == before:
+      keep = f"keep {field}={before!r} (omitting --config resumes with config.json)"
+    else:  # config.json was edited or replaced: the checkpoint decides, config.json is a copy
+      says = f"{field}={copied!r}" if copied is not _MISSING else f"no {field}"
+      keep = (f"keep {field}={before!r} ({layout.config_path(model_dir)} says {says}: it is "
+              f"only a copy, config_history/ holds the ones written)")
     raise UserError(
         f"{now}, but {model_dir} was trained with {field}={before!r} ({where}): a resume "
         f"cannot change {what}; {keep}, or train in a new --model_dir "
         f"(--config.checkpoint.init_from={model_dir} starts it from these weights)")
 
 
-def _recorded(model_dir: str) -> tuple[dict | None, str]:
-  """The config the model_dir was trained with, and the file it was read from."""
-  candidates = [layout.config_path(model_dir)]
-  candidates += [os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
-                 for step in reversed(_steps(model_dir))]
-  for path in candidates:
-    try:
-      with open(path) as f:
-        value = json.load(f)
-    except (OSError, ValueError):
+def identity(config_dict: dict, task_name: str, keyed_shapes: dict) -> dict:
+  """What a checkpoint step records of its run (meta["identity"]): the fixed fields
+  (flat), the Task's class ('module:Class') and its structure (`structure`)."""
+  return {"fixed": fixed_fields(config_dict), "task": task_name,
+          "structure": structure(keyed_shapes)}
+
+
+def fixed_fields(config_dict: dict) -> dict:
+  return {field: value for field, value in _flat(config_dict).items() if is_fixed(field)}
+
+
+def structure(keyed_shapes: dict) -> dict:
+  """{'variables': N, 'digest': ...} of every saved key and its shape (`keyed_shapes`:
+  'model/<key>' -> shape): another model or optimizer saves another set."""
+  lines = sorted(f"{key}:{list(shape)}" for key, shape in keyed_shapes.items())
+  return {"variables": len(lines),
+          "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+
+
+def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
+               keyed_shapes: dict, *, training: bool) -> None:
+  """UserError (nothing moved: a step of another run is no corrupt step) unless the
+  checkpoint step whose meta is `meta` (at `where`) belongs to this run: the same
+  fixed fields (data.dir may move), the same Task and the same structure. A meta
+  without an identity (written before it had one) is judged by its config."""
+  recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+  fixed = recorded.get("fixed")
+  if not isinstance(fixed, dict):
+    fixed = fixed_fields(meta.get("config") or {})
+  new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
+  advice = ("a resume cannot change it: keep the run's value, or train in a new --model_dir"
+            if training else "pass the training run's value, or evaluate the right --model_dir")
+  for field, before in sorted(fixed.items()):
+    after = new.get(field, _MISSING)
+    if after == before or field in _WARNED_FIELDS or not is_fixed(field):
       continue
-    if path != candidates[0]:
-      value = value.get("config") if isinstance(value, dict) else None
-    if isinstance(value, dict):
-      return value, path
+    now = f"{field}={after!r}" if after is not _MISSING else f"no {field}"
+    _refuse(where, f"{field}={before!r}", f"{now} in this config", advice)
+  task = recorded.get("task")
+  if task and not _same_task(task, task_name):
+    _refuse(where, f"the Task {task}", f"the Task {task_name} in this run",
+            "train.task (or trainer.run's task) names the Task that trained it")
+  shape = recorded.get("structure")
+  if isinstance(shape, dict) and shape != structure(keyed_shapes):
+    _refuse(where, f"{shape.get('variables')} saved variables ({shape.get('digest')})",
+            f"{len(keyed_shapes)} ({structure(keyed_shapes)['digest']}) in this run",
+            "another model or optimizer")
+
+
+def _refuse(where: str, theirs: str, ours: str, advice: str) -> None:
+  raise UserError(f"{where} was trained with {theirs}, not {ours}: a step of another run, "
+                  f"or a config that is not this run's; {advice} (nothing was moved or "
+                  f"deleted)")
+
+
+def _same_task(recorded: str, current: str) -> bool:
+  """'module:Class' names; a module run as a script (__main__) or loaded from a path
+  (_distloop_plugin_<stem>) may be named otherwise by another run: the class decides."""
+  def parts(name):
+    module, _, qualname = name.rpartition(":")
+    return module.removeprefix("_distloop_plugin_"), qualname
+  (module_a, class_a), (module_b, class_b) = parts(recorded), parts(current)
+  return class_a == class_b and (module_a == module_b or "__main__" in (module_a, module_b))
+
+
+def _recorded(model_dir: str) -> tuple[dict | None, str]:
+  """The fixed fields (flat) the model_dir was trained with, and the file they were read
+  from: the newest step's meta that can be read; config.json when none can."""
+  for step in reversed(_steps(model_dir)):
+    path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
+    meta = _read_json(path)
+    if isinstance(meta, dict):
+      recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+      if isinstance(recorded.get("fixed"), dict):
+        return recorded["fixed"], path
+      if isinstance(meta.get("config"), dict):
+        return fixed_fields(meta["config"]), path
+  copy = _read_json(layout.config_path(model_dir))
+  if isinstance(copy, dict):
+    return fixed_fields(copy), layout.config_path(model_dir)
   return None, ""
+
+
+def _read_json(path: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _plain(value):
+  return json.loads(json.dumps(value, default=str))
 
 
 def _steps(model_dir: str) -> list[int]:

@@ -161,7 +161,8 @@ def config_history_dir(model_dir: str) -> str:
 def record_config(model_dir: str, config_dict: dict, step: int) -> None:
   """config.json := this run's config; config_history/ keeps every config a run
   started with (a new `<UTC time>_step<N>.json` when it differs from the last one;
-  a config.json written before config_history/ existed is kept there first)."""
+  a config.json written before config_history/ existed is kept there first). Called
+  once every check that can refuse the run has passed: a refused run writes neither."""
   history = config_history_dir(model_dir)
   try:
     entries = sorted(name for name in os.listdir(history) if name.endswith(".json"))

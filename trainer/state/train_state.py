@@ -8,6 +8,8 @@ right, whatever the loop decides, is here:
   looking; with several workers the chief names each step to try and all go on to
   the one before it unless every worker could read it (the same collectives run on
   every worker);
+- each step's meta carries the run's identity (trainer/state/config_changes.py): a
+  step of another run is refused (UserError) before anything is assigned or moved;
 - a corrupt checkpoint (files deleted or truncated) is not a storage error: once an
   older step loads, the unreadable newer ones are set aside in checkpoints_corrupt/
   (kept, not deleted); none readable is refused unless checkpoint.if_unreadable=
@@ -30,6 +32,7 @@ import ml_collections
 from trainer.cluster.agreement import Agreement
 from trainer.errors import NonFiniteError, StorageError, UserError
 from trainer.state import checkpoints
+from trainer.state import config_changes
 from trainer.state import model_dir as layout
 from trainer.state import write_echoes
 
@@ -58,8 +61,9 @@ class TrainState:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str, *,
                model_variables: dict, optimizer_variables: dict, agreement: Agreement,
-               is_chief: bool, read_only: bool):
+               is_chief: bool, read_only: bool, task_name: str = ""):
     self._config = config
+    self._task_name = task_name  # 'module:Class' of the Task: part of each step's identity
     self._model_variables = model_variables
     self._optimizer_variables = optimizer_variables
     self._agreement = agreement
@@ -170,6 +174,10 @@ class TrainState:
         time.sleep(_FAILED_READ_DRAIN_SECONDS)
     if problem is not None:
       return None, problem
+    # A step of another run (copied in, or config.json edited): refused, never set aside.
+    config_changes.check_step(meta, os.path.join(self.checkpoints.directory, str(step)),
+                              self._config.to_dict(), self._task_name, self._keyed_shapes(),
+                              training=not self._read_only)
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     self.action_state = copy.deepcopy(meta.get("actions", {}))
@@ -232,9 +240,18 @@ class TrainState:
     if bad:
       raise NonFiniteError(f"non-finite values in {bad[0]} at step {position.step}; not saved "
                            f"({self.last_checkpoint_words()})")
+    config_dict = self._config.to_dict()
     meta = {"step": position.step, "examples_consumed": position.examples,
-            "config": self._config.to_dict(), "actions": copy.deepcopy(self.action_state)}
+            "config": config_dict, "actions": copy.deepcopy(self.action_state),
+            "identity": config_changes.identity(config_dict, self._task_name,
+                                                self._keyed_shapes())}
     return model_tree, optimizer_tree, meta
+
+  def _keyed_shapes(self) -> dict:
+    """'model/<key>' and 'optimizer/<key>' -> shape: what a step of this run holds."""
+    return {f"{item}/{key}": tuple(variable.shape) for item, variables in
+            (("model", self._model_variables), ("optimizer", self._optimizer_variables))
+            for key, variable in variables.items()}
 
   # -- what is there --------------------------------------------------------------
 
