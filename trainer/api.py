@@ -34,7 +34,7 @@ from trainer.state import model_dir as layout
 from trainer.state import writer_lock
 from trainer.task import plugins
 from trainer.task import validation
-from trainer.errors import Preempted, UserError
+from trainer.errors import Preempted, UserCodeError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 
@@ -161,6 +161,9 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     if mode == "eval":
       return {"step": position.step, **trainer.evaluate(position.step)}
     return trainer.export(position.step)
+  except UserCodeError as e:  # the user's Task or Action failed at run time
+    trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
+    raise e.after_saves(trainer.train_state.latest_step()) from None
   finally:
     trainer.close()
 
