@@ -169,7 +169,8 @@ class Trainer:
           num_workers=runtime.num_workers(strategy))
     else:
       self._train_loop = steps.make_train_loop(strategy, replica_step, self._train_sums,
-                                               self.state.all_variables())
+                                               self.state.all_variables(),
+                                               self.state.model_variables.values())
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._clock = clock
     self._schedule = actions_module.Schedule(self._user_actions, config.train.steps)

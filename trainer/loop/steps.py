@@ -166,34 +166,38 @@ def make_replica_step(task, sums: Sums, step_context, decode=None, fuse_whole_st
 
 
 def replica_local(variables) -> list:
-  """The distributed variables each replica updates on its own (mirrored, aggregation
-  NONE: assigned in a replica context, only that replica's copy changes)."""
+  """Of the task's model and extra `variables`, those each replica updates on its own
+  (mirrored, aggregation NONE, not trained: assigned in a replica context, only that
+  replica's copy changes). Trained ones get the same reduced gradients everywhere."""
   found = []
   for variable in variables:
     if isinstance(variable, keras.Variable):
       variable = variable.value
     if (isinstance(variable, distribute_values.MirroredVariable)
-        and variable.aggregation == tf.VariableAggregation.NONE):
+        and variable.aggregation == tf.VariableAggregation.NONE and not variable.trainable
+        and (variable.dtype.is_floating or variable.dtype.is_integer)):
       found.append(variable)
   return found
 
 
 def replicas_agree(variables) -> None:
   """In a replica context: every replica's copy of `variables` (replica_local) becomes
-  the first replica's (the copy a checkpoint saves), with one all-reduce each."""
+  the first replica's (the copy a checkpoint saves), in one batched all-reduce: the
+  others add zeros, so the sum is that copy exactly."""
   context = tf.distribute.get_replica_context()
   first = tf.equal(context.replica_id_in_sync_group, 0)
-  for variable in variables:
-    value = tf.convert_to_tensor(variable)
-    variable.assign(context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                       tf.where(first, value, tf.zeros_like(value))))
+  values = [tf.convert_to_tensor(variable) for variable in variables]
+  agreed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                              [tf.where(first, value, tf.zeros_like(value)) for value in values])
+  for variable, value in zip(variables, agreed):
+    variable.assign(value)
 
 
-def make_train_loop(strategy, replica_step, sums: Sums, variables):
+def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variables=()):
   """Returns `train_loop(iterator, num_steps, first_step) -> (state_finite, totals)`:
   `num_steps` steps and the sums of their batches, in one tf.function call; then the
-  replicas agree on the variables each updates on its own (module docstring)."""
-  local = replica_local(variables) if strategy.num_replicas_in_sync > 1 else []
+  replicas agree on the `model_variables` each updates on its own (module docstring)."""
+  local = replica_local(model_variables) if strategy.num_replicas_in_sync > 1 else []
 
   @tf.function
   def train_loop(iterator, num_steps, first_step):
