@@ -11,6 +11,7 @@ with the same one-line messages, but raised, never `sys.exit`:
 
     UserError, input_pipelines.DataError  bad input (the CLI's exit 2)
     NonFiniteError, StorageError           the run failed (exit 1)
+    UserCodeError                          a Task or Action failed at run time (exit 1)
     Preempted (a BaseException)            stopped at a step on disk (exit 42)
 
 No signal handler is installed unless `handle_signals=True` (the CLI passes
