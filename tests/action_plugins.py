@@ -53,3 +53,21 @@ def returns_a_number(config):
 def never_due(config):
   del config
   return trainer.Action(lambda boundary: None, name="never_due")
+
+
+def raises_at_20(config):
+  del config
+
+  def fail(boundary):
+    if boundary.step == 20:
+      raise ValueError(f"no room for step {boundary.step}")
+  return trainer.Action(fail, every_steps=10, name="raises_at_20")
+
+
+def raises_in_phase(config):
+  """Raises in the phase named by the environment's DISTLOOP_TEST_PHASE."""
+  del config
+
+  def fail(boundary):
+    raise RuntimeError("phase work failed")
+  return trainer.Action(fail, phase=os.environ["DISTLOOP_TEST_PHASE"], name="raises_in_phase")

@@ -136,3 +136,42 @@ class WithEma(_Base):
       average.assign(0.9 * average + 0.1 * weight)
     self.updates.assign_add(1)
     return {"loss": per_example}
+
+
+class AssertsPastStep3(_Base):
+  """A runtime check of the user's that fails in the compiled loop (step 4)."""
+
+  def train_step(self, batch, step):
+    with tf.GradientTape() as tape:
+      per_example = self._loss(batch)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
+    tf.debugging.assert_less(step.step, tf.constant(4, tf.int64), message="step went past 3")
+    return {"loss": per_example}
+
+
+class ReturnsAString(_Base):
+
+  def train_step(self, batch, step):
+    features, _ = batch
+    return {"loss": self._loss(batch), "note": tf.constant("fine")}
+
+
+class ExportsWrongSpec(_Base):
+  """export() serves the model with an input_spec of another shape."""
+
+  def train_step(self, batch, step):
+    with tf.GradientTape() as tape:
+      per_example = self._loss(batch)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
+    return {"loss": per_example}
+
+  def export(self):
+    return trainer.Export(self.model, input_spec=tf.TensorSpec([None, 5], tf.float32))
+
+
+class ExportsNotAModel(ExportsWrongSpec):
+
+  def export(self):
+    return trainer.Export(self.optimizer)

@@ -108,3 +108,21 @@ def test_two_workers_one_with_an_empty_slice(tmp_path):
   metrics = {"loss": summary["eval_loss"], "accuracy": summary["eval_accuracy"],
              "examples": summary["eval_examples"]}
   _assert_same_as_one_replica(metrics, tmp_path, flags, 1)
+
+
+@pytest.mark.slow
+def test_two_replicas_report_the_eval_of_their_checkpoint(tmp_path):
+  """Keras 3's BatchNormalization moving statistics are mirrored with aggregation NONE:
+  each replica's update changes only its own copy, and the copies drift apart with
+  their shares of each batch. The eval at the end of training ran on every replica's
+  own copy (summary.json 1.09261) while the checkpoint holds the first replica's
+  (`--mode=eval` 1.09281): the train loop now ends with every replica holding the
+  checkpoint's copy. Eval batches of 16 give both replicas examples."""
+  flags = [*_flags("conv_batchnorm", 64), "--config.train.steps=60",
+           "--config.train.steps_per_loop=10", "--config.eval.global_batch_size=16"]
+  summary = train_ok(tmp_path, *flags, *_mirrored(2))
+  for strategy in ([], _mirrored(2)):  # 1 replica, and 2 as in training
+    reference = _eval(tmp_path, [*flags, *strategy])
+    assert reference["step"] == summary["step"] == 60
+    assert summary["eval_loss"] == pytest.approx(reference["loss"], abs=1e-6)
+    assert summary["eval_accuracy"] == pytest.approx(reference["accuracy"], abs=1e-6)

@@ -127,3 +127,80 @@ def test_params_metrics_and_the_export_reach_the_server_and_a_resume_logs_on(ser
   runs = _rest(server, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
   assert [r["info"]["run_id"] for r in runs] == [run_id]
   assert sorted(history("train/loss")) == [10, 20, 30]
+
+
+def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
+  """A tracking server that stops answering (SIGSTOPped) held a preempted run for the
+  client's 20 s timeout per call (20-39 s from SIGTERM to exit 42, past Kubernetes' 30 s
+  grace): a call in flight when the signal arrives is left, logging stops, the exit
+  goes on. A fake client stands for the silent server (no MLflow needed)."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from trainer.cluster import preemption  # pylint: disable=import-outside-toplevel
+  from trainer.loop import mlflow_log  # pylint: disable=import-outside-toplevel
+
+  released = threading.Event()
+
+  class SilentServer:
+    def set_terminated(self, run_id, status):
+      del run_id, status
+      released.wait(15)  # what a stopped server's socket does, up to the client's timeout
+
+  log = mlflow_log.MlflowLog(ml_collections.ConfigDict(
+      {"mlflow_uri": "http://127.0.0.1:9", "mlflow_experiment": "distloop"}), str(tmp_path),
+      enabled=True)
+  log._client, log._run_id = SilentServer(), "run"  # pylint: disable=protected-access
+  assert preemption.install()
+  timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+  try:
+    timer.start()
+    start = time.monotonic()
+    log.finish(None)
+    waited = time.monotonic() - start
+  finally:
+    timer.cancel()
+    released.set()
+    preemption.uninstall()
+    preemption.clear()
+  assert waited < 3, f"waited {waited:.1f} s on the MLflow call after the signal"
+  assert log._run_id is None  # pylint: disable=protected-access  (logging stopped)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _CLIENT, reason="the MLflow client is not installed")
+def test_a_file_store_is_refused_in_one_line_naming_sqlite(tmp_path):
+  """README used to show file:DIR, which the current client refuses (the file store is
+  in maintenance mode): exit 2 with MLflow's paragraph cut at its first line."""
+  result = run_trainer(tmp_path / "run", *_FLAGS,
+                       f"--config.runtime.mlflow_uri=file:{tmp_path}/mlruns",
+                       env={"MLFLOW_ALLOW_FILE_STORE": "false"})
+  assert result.returncode == 2, result.stderr[-3000:]
+  (line,) = result.error_lines()
+  assert "file store is in maintenance mode" in line and "sqlite:///" in line, line
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _CLIENT, reason="the MLflow client is not installed")
+def test_a_deleted_mlflow_run_is_logged_on_in_a_new_run(tmp_path, monkeypatch):
+  """mlflow_run.json naming a deleted MLflow run made every resume exit 2 with no hint:
+  the resume now logs on into a new run and says so (the file store, allowed here,
+  stands for a server)."""
+  from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
+  uri, env = f"file:{tmp_path}/mlruns", {"MLFLOW_ALLOW_FILE_STORE": "true"}
+  model_dir = tmp_path / "run"
+  flags = ["--config=synthetic", "--config.data.num_train_examples=64",
+           f"--config.runtime.mlflow_uri={uri}"]
+  result = run_trainer(model_dir, *flags, "--config.train.steps=2", env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  first = json.loads((model_dir / "mlflow_run.json").read_text())["run_id"]
+  with monkeypatch.context() as patch:
+    patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    MlflowClient(tracking_uri=uri).delete_run(first)
+  result = run_trainer(model_dir, *flags, "--config.train.steps=4", env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  second = json.loads((model_dir / "mlflow_run.json").read_text())["run_id"]
+  assert second != first
+  assert f"MLflow: run {first} of this model_dir" in result.stderr
+  assert "was deleted" in result.stderr and "logging into a new run" in result.stderr

@@ -11,6 +11,7 @@ with the same one-line messages, but raised, never `sys.exit`:
 
     UserError, input_pipelines.DataError  bad input (the CLI's exit 2)
     NonFiniteError, StorageError           the run failed (exit 1)
+    UserCodeError                          a Task or Action failed at run time (exit 1)
     Preempted (a BaseException)            stopped at a step on disk (exit 42)
 
 No signal handler is installed unless `handle_signals=True` (the CLI passes
@@ -34,7 +35,7 @@ from trainer.state import model_dir as layout
 from trainer.state import writer_lock
 from trainer.task import plugins
 from trainer.task import validation
-from trainer.errors import Preempted, UserError
+from trainer.errors import Preempted, UserCodeError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 
@@ -161,6 +162,9 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     if mode == "eval":
       return {"step": position.step, **trainer.evaluate(position.step)}
     return trainer.export(position.step)
+  except UserCodeError as e:  # the user's Task or Action failed at run time
+    trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
+    raise e.after_saves(trainer.train_state.latest_step()) from None
   finally:
     trainer.close()
 

@@ -28,6 +28,21 @@ class StorageError(Exception):
   The message says what, where, and how much space was needed when known."""
 
 
+class UserCodeError(Exception):
+  """A user's Task or Action failed at run time (an assertion in its step, an Action
+  raising): exit 1, one line naming it, the step, and the last checkpoint, which is
+  intact (trainer/task/user_code.py)."""
+
+  def after_saves(self, last_step: int | None) -> "UserCodeError":
+    """This error, its line ending with the run's last checkpoint (`last_step`), once
+    the pending saves are on disk."""
+    if last_step is None:
+      return UserCodeError(f"{self}; no checkpoint yet: fix it and run the same command "
+                           f"again")
+    return UserCodeError(f"{self}; the last checkpoint, step {last_step}, is intact: fix it "
+                         f"and run the same command again to resume from there")
+
+
 class Preempted(BaseException):
   """SIGTERM/SIGINT/SIGHUP: exit 42, run the same command again to resume.
 

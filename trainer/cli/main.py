@@ -33,7 +33,7 @@ from trainer.state import model_dir as layout
 from trainer.task import validation
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserError
 from trainer.errors import exit_code
 
 MODES = api.MODES
@@ -92,7 +92,7 @@ def main(argv):
 def _one_line(error: Exception) -> bool:
   """Errors whose message is the whole story (no traceback)."""
   return isinstance(error, (UserError, input_pipelines.DataError, NonFiniteError,
-                            continuous_eval.Unfinished, StorageError))
+                            continuous_eval.Unfinished, StorageError, UserCodeError))
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:

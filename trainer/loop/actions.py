@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from trainer.loop import periodic
+from trainer.task import user_code
 from trainer.errors import UserError
 
 DECISIONS = ("stop", "save")
@@ -93,7 +94,10 @@ class Action:
             or clock_due)
 
   def run(self, boundary: Boundary) -> str | None:
-    decision = self.function(boundary)
+    try:
+      decision = self.function(boundary)
+    except Exception as error:  # pylint: disable=broad-except  (one line if the user's)
+      user_code.action_failed(self.name, boundary.step, error)
     if self.timer is not None:
       self.timer.restart()
     if decision is not None and decision not in DECISIONS:

@@ -170,7 +170,8 @@ class Trainer:
           num_workers=runtime.num_workers(strategy))
     else:
       self._train_loop = steps.make_train_loop(strategy, replica_step, self._train_sums,
-                                               self.state.all_variables())
+                                               self.state.all_variables(),
+                                               self.state.model_variables.values())
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._clock = clock
     self._schedule = actions_module.Schedule(self._user_actions, config.train.steps)
@@ -190,6 +191,7 @@ class Trainer:
     config = self.config
     total, batch_size = config.train.steps, config.train.global_batch_size
 
+    self._served()  # an export that cannot be made is refused now, not after training
     # Refuses another model's checkpoints (and an unreachable MLflow) before anything is
     # written or moved.
     self.mlflow_log.connect()
@@ -240,7 +242,9 @@ class Trainer:
                         schedule.steps_to_next(position.step))
         loop_start = time.perf_counter()
         with (self.summaries.graph_of_first_call(position.step) if record_graph
-              else contextlib.nullcontext()):
+              else contextlib.nullcontext()), user_code.running(
+                  f"{type(self.task).__name__}.train_step",
+                  f"in steps {position.step + 1}..{position.step + num_steps}"):
           state_finite, totals = self._train_loop(batches, tf.constant(num_steps),
                                                   tf.constant(position.step, tf.int64))
         record_graph = False
@@ -397,7 +401,8 @@ class Trainer:
         self._eval_pass = steps.make_eval_pass(
             self.strategy, self.task, self._eval_sums,
             self.strategy.distribute_datasets_from_function(dataset), decode)
-    with self._served_weights():
+    with self._served_weights(), user_code.running(f"{type(self.task).__name__}.eval_step",
+                                                   f"in the eval at step {step}"):
       result = self._eval_sums.result(self._eval_pass())  # host sync
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
     self._log_metrics(step, "eval", {name: result[name]
@@ -543,21 +548,24 @@ class Trainer:
   def export(self, step: int) -> str | None:
     """SavedModel of what the task serves at export/<step>/ (kept if it already exists);
     None if the task exports nothing."""
-    served = self.task.export()
+    served = self._served()
     if served is None:
       return None
     destination = layout.export_dir(self.model_dir, step)
     if not self.is_chief or os.path.isdir(destination):
       return destination
-    if served.input_spec is None:
-      served.input_spec = export.serving_spec(self.features_spec,
-                                              self.train_source.feature_name)
     with self._served_weights():
       export.export_saved_model(
           served, destination,
           before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
     logging.info("Exported SavedModel to %s", destination)
     return destination
+
+  def _served(self):
+    """The task's Export, its input_spec set and traced (UserError if it cannot be served)."""
+    return user_code.exported(
+        self.task, export.serving_spec(self.features_spec, self.train_source.feature_name),
+        self._probe[0])
 
   def _served_weights(self):
     """What eval and export see: the moving averages (train.ema_decay, or an optimizer of

@@ -9,19 +9,28 @@ model_dir/mlflow_run.json, so a resumed distloop run goes on logging into the sa
 An optional extra (`pip install -e '.[mlflow]'`, the mlflow-skinny client): asking for it
 without the client installed is refused before anything runs (trainer/task/validation.py). A server that cannot be
 reached at the start is refused in one line (exit 2); one that fails mid-run costs a
-warning, never the training.
+warning, never the training. Each call runs in a thread of its own that the loop
+waits for at most the client's timeout, and not at all once a signal arrived: a
+server that stops answering (SIGSTOPped, a dead network) never holds a preempted
+run past its grace period. An MLflow run of mlflow_run.json that was deleted (or
+purged) is no reason to refuse a resume: logging goes on in a new run, with a
+warning naming both.
 """
 import json
 import os
+import threading
 import time
 
 from absl import logging
 
+from trainer.cluster import preemption
 from trainer.errors import UserError
 from trainer.loop import summaries
 
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+_CALL_SECONDS = 25.0  # the longest a call is waited for (the client's own timeout is 20 s)
+_POLL_SECONDS = 0.1  # how often a wait looks for a signal
 
 
 class MlflowLog:
@@ -63,11 +72,16 @@ class MlflowLog:
     path = os.path.join(self._model_dir, "mlflow_run.json")
     try:
       known = _read(path)
-      if known.get("tracking_uri") == self._uri:
+      gone = (_gone(self._client, known["run_id"])
+              if known.get("tracking_uri") == self._uri else None)
+      if known.get("tracking_uri") == self._uri and gone is None:
         self._run_id = known["run_id"]
         self._client.update_run(self._run_id, status="RUNNING")
         logging.info("MLflow: logging on into run %s at %s", self._run_id, self._uri)
         return
+      if gone is not None:
+        logging.warning("MLflow: run %s of this model_dir (%s) %s at %s: logging into a new "
+                        "run from here on", known["run_id"], path, gone, self._uri)
       experiment = self._client.get_experiment_by_name(self._experiment)
       experiment_id = (experiment.experiment_id if experiment is not None
                        else self._client.create_experiment(self._experiment))
@@ -106,13 +120,48 @@ class MlflowLog:
     self._call(self._client.set_terminated, self._run_id, "FINISHED")
 
   def _call(self, method, *args, **kwargs) -> None:
-    try:
-      method(*args, **kwargs)
-    except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
+    """`method(...)` in a thread of its own (a daemon: a hung request never holds the
+    exit), waited for up to _CALL_SECONDS, and not at all once a signal arrived."""
+    failed = []
+    done = threading.Event()
+
+    def call():
+      try:
+        method(*args, **kwargs)
+      except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
+        failed.append(error)
+      finally:
+        done.set()
+
+    threading.Thread(target=call, name="mlflow", daemon=True).start()
+    deadline = time.monotonic() + _CALL_SECONDS
+    while not done.wait(_POLL_SECONDS):
+      if preemption.requested() or time.monotonic() > deadline:
+        why = ("a signal arrived" if preemption.requested()
+               else f"no answer in {_CALL_SECONDS:.0f} s")
+        logging.warning("MLflow: %s left unfinished (%s); logging to MLflow stops here",
+                        method.__name__, why)
+        self._run_id = None
+        return
+    if failed:
+      error = failed[0]
       logging.warning("MLflow: %s failed (%s: %s); logging to MLflow stops here, training "
                       "goes on", method.__name__, type(error).__name__,
                       str(error).splitlines()[0][:200])
       self._run_id = None
+
+
+def _gone(client, run_id: str) -> str | None:
+  """Why the MLflow run `run_id` cannot be logged into ("was deleted", "no longer
+  exists"), or None. Other failures (the server cannot be reached) are raised."""
+  from mlflow.exceptions import MlflowException  # pylint: disable=g-import-not-at-top
+  try:
+    run = client.get_run(run_id)
+  except MlflowException as error:
+    if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+      return "no longer exists"
+    raise
+  return "was deleted" if run.info.lifecycle_stage == "deleted" else None
 
 
 def _read(path: str) -> dict:

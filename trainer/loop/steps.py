@@ -12,8 +12,18 @@ backward and update) is one XLA cluster; on several replicas the optimizer
 updates are compiled per device around the one explicit all-reduce (XLA cannot
 compile a merge_call), and a task may compile its own pieces (the built-in
 supervised task compiles its forward and backward).
+
+A variable a replica assigns on its own (Keras 3's BatchNormalization moving
+statistics: mirrored, aggregation NONE) drifts apart per replica, while a
+checkpoint saves the first replica's copy. The loop ends with every replica
+holding the first replica's value (`replicas_agree`), so what eval reports, what
+is kept best and exported, and what the checkpoint holds are one set of
+statistics; the first replica's values never depend on when that happens, so a
+resumed run still equals an uninterrupted one.
 """
+import keras
 import tensorflow as tf
+from tensorflow.python.distribute import values as distribute_values  # pylint: disable=g-direct-tensorflow-import
 
 from trainer.errors import UserError
 
@@ -163,9 +173,39 @@ def make_replica_step(task, sums: Sums, step_context, decode=None, fuse_whole_st
   return replica_step
 
 
-def make_train_loop(strategy, replica_step, sums: Sums, variables):
+def replica_local(variables) -> list:
+  """Of the task's model and extra `variables`, those each replica updates on its own
+  (mirrored, aggregation NONE, not trained: assigned in a replica context, only that
+  replica's copy changes). Trained ones get the same reduced gradients everywhere."""
+  found = []
+  for variable in variables:
+    if isinstance(variable, keras.Variable):
+      variable = variable.value
+    if (isinstance(variable, distribute_values.MirroredVariable)
+        and variable.aggregation == tf.VariableAggregation.NONE and not variable.trainable
+        and (variable.dtype.is_floating or variable.dtype.is_integer)):
+      found.append(variable)
+  return found
+
+
+def replicas_agree(variables) -> None:
+  """In a replica context: every replica's copy of `variables` (replica_local) becomes
+  the first replica's (the copy a checkpoint saves), in one batched all-reduce: the
+  others add zeros, so the sum is that copy exactly."""
+  context = tf.distribute.get_replica_context()
+  first = tf.equal(context.replica_id_in_sync_group, 0)
+  values = [tf.convert_to_tensor(variable) for variable in variables]
+  agreed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                              [tf.where(first, value, tf.zeros_like(value)) for value in values])
+  for variable, value in zip(variables, agreed):
+    variable.assign(value)
+
+
+def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variables=()):
   """Returns `train_loop(iterator, num_steps, first_step) -> (state_finite, totals)`:
-  `num_steps` steps and the sums of their batches, in one tf.function call."""
+  `num_steps` steps and the sums of their batches, in one tf.function call; then the
+  replicas agree on the `model_variables` each updates on its own (module docstring)."""
+  local = replica_local(model_variables) if strategy.num_replicas_in_sync > 1 else []
 
   @tf.function
   def train_loop(iterator, num_steps, first_step):
@@ -175,6 +215,8 @@ def make_train_loop(strategy, replica_step, sums: Sums, variables):
     for i in tf.range(num_steps):
       step = first_step + tf.cast(i, tf.int64)
       running = strategy.run(replica_step, args=(next(iterator), running, step))
+    if local:
+      strategy.run(lambda: replicas_agree(local))
     return state_finite(variables), strategy.reduce(tf.distribute.ReduceOp.SUM, running,
                                                     axis=None)
 

@@ -48,6 +48,13 @@ def serving_spec(features_spec, feature_name: str):
   return named(features_spec, feature_name)
 
 
+def trace(served) -> None:
+  """Traces what `served` serves (its model, transform and input_spec; nothing is
+  written): the start-up check that an export after training can be made."""
+  serving = _Serving(served.model, served.output_name, served.transform or tf.identity)
+  tf.function(serving.serve, input_signature=[served.input_spec]).get_concrete_function()
+
+
 def export_saved_model(served, destination: str, before_write=None) -> None:
   """`served`: the task's Export (trainer/task/contract.py), its input_spec set;
   `before_write()` runs just before the SavedModel is written (the "export" phase)."""

@@ -30,7 +30,7 @@ from trainer.errors import StorageError, UserError
 LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
-_FILES = ("config.json", "summary.json", LOCK_NAME)
+_FILES = ("config.json", "summary.json", "metrics.csv", "mlflow_run.json", LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
 

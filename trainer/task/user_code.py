@@ -1,11 +1,23 @@
-"""A user's Task failing in build() or while its steps trace: one line naming where
-(UserError, exit 2), not a traceback through TensorFlow, Keras and distloop."""
+"""A user's Task or Action failing: one line naming where, not a traceback through
+TensorFlow, Keras and distloop.
+
+In build(), while its steps trace, or in what it exports (checked with the probe
+batch before step 1, so that a run cannot fail the same way after every training):
+UserError, exit 2, nothing written. At run time (an assertion in the compiled step,
+an Action raising at a boundary or a phase): UserCodeError, exit 1, naming the Task
+or Action and the step; the run's checkpoints stay as they are (trainer/api.py adds
+the last one to the line once the pending saves are on disk).
+"""
+import contextlib
 import os
 import re
 import traceback
 
 import input_pipelines
-from trainer.errors import Preempted, UserError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserError
+
+_DISTLOOP_ERRORS = (UserError, input_pipelines.DataError, NonFiniteError, StorageError,
+                    UserCodeError)
 
 
 def build(task, context) -> None:
@@ -36,8 +48,74 @@ def traced(discover, task):
                     ) from None
 
 
+@contextlib.contextmanager
+def running(what: str, when: str):
+  """Runs a compiled loop of the user's `what` ("Gan.train_step") `when` ("in steps
+  3..4"): a TensorFlow op failing in it (a tf.debugging.assert_*, a value TensorFlow
+  cannot compute) is one line (UserCodeError). Bad input wrapped by tf.data (a
+  DataError raised by a source) stays what trainer/api.py translates it into."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+    if "DataError: " in str(e) or "deterministic XLA" in str(e):  # api.translate's
+      raise
+    raise UserCodeError(f"{what} failed {when}: {in_user_code(e)}") from None
+
+
+def action_failed(name: str, step: int, error: Exception) -> None:
+  """An Action's function raised `error` at `step`: re-raised as it is when it is
+  distloop's own (or no frame is the user's: a bug of distloop's, with its traceback),
+  else as one line naming the action (UserCodeError)."""
+  if isinstance(error, _DISTLOOP_ERRORS) or not _user_frame(error):
+    raise error
+  raise UserCodeError(f"action {name!r} raised {in_user_code(error)} at step {step}") from None
+
+
+def exported(task, default_spec, probe_features):
+  """task.export() with its input_spec set (default: the data's), checked before
+  training by tracing what it serves on `probe_features`' spec: a model that is not a
+  keras.Model, or an input_spec the model cannot take, is one line (UserError).
+  None if the task exports nothing."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  name = type(task).__name__
+  try:
+    served = task.export()
+  except (UserError, Preempted):
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"{name}.export raised {in_user_code(e)}") from None
+  if served is None:
+    return None
+  if not isinstance(getattr(served, "model", None), keras.Model):
+    raise UserError(f"{name}.export() serves {type(getattr(served, 'model', served)).__name__}"
+                    f", not a keras.Model: trainer.Export(model=<a keras.Model>, ...)")
+  if served.input_spec is None:
+    served.input_spec = default_spec
+  if type(task).__module__.startswith("trainer."):  # distloop's own (tested): no trace to pay
+    return served
+  from trainer.state import export  # pylint: disable=g-import-not-at-top
+  try:
+    export.trace(served)
+  except (UserError, Preempted):
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    spec = ", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in tf.nest.flatten(served.input_spec))
+    data = ", ".join(f"{tuple(t.shape)} {t.dtype.name}" for t in tf.nest.flatten(probe_features))
+    raise UserError(f"{name}.export() cannot be served with input_spec {spec} (the data's "
+                    f"features: {data}): {in_user_code(e)}; refused before training, as the "
+                    f"export runs after it") from None
+  return served
+
+
+def _user_frame(error: Exception) -> bool:
+  return any(not any(part in frame.filename for part in _NOT_USER_CODE)
+             for frame in traceback.extract_tb(error.__traceback__))
+
+
 _NOT_USER_CODE = ("/tensorflow/", "/keras/", "/trainer/", "/autograph/", "/site-packages/",
-                   "__autograph_generated")
+                  "__autograph_generated", "<frozen ")
 
 
 def in_user_code(error: Exception) -> str:
@@ -49,10 +127,23 @@ def in_user_code(error: Exception) -> str:
     if not any(part in path for part in _NOT_USER_CODE):
       where = f" ({os.path.basename(path)}:{frame.lineno})"
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-  if lines and lines[0] == "in user code:":  # autograph: the frames as text, then the error
-    frames = [match for match in (re.search(r'File "(.+?)", line (\d+)', line) for line in lines)
-              if match and not any(part in match.group(1) for part in _NOT_USER_CODE)]
+  if lines and lines[0] in ("in user code:", "Graph execution error:"):
+    # autograph: the frames as text, then the error; a failed op: the frames where it
+    # was defined, then its message and the node ("[[{{node ...}}]]").
+    found = [(i, re.search(r'File "(.+?)", line (\d+)', line)) for i, line in enumerate(lines)]
+    found = [(i, match) for i, match in found if match]
+    frames = [match for _, match in found
+              if not any(part in match.group(1) for part in _NOT_USER_CODE)]
     if frames:
       where = f" ({os.path.basename(frames[-1].group(1))}:{frames[-1].group(2)})"
-    lines = [lines[-1].removeprefix(f"{type(error).__name__}: ")]
+    if lines[0] == "in user code:":  # from the error's own line on
+      starts = [i for i, line in enumerate(lines) if line.startswith(f"{type(error).__name__}: ")]
+      lines = lines[starts[-1]:] if starts else lines[-1:]
+    else:
+      lines = [line for line in lines[found[-1][0] + 1 if found else 1:]
+               if not line.startswith("[[")] or lines[-1:]
+    lines[0] = lines[0].removeprefix(f"{type(error).__name__}: ")
+  lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
+  if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
+    lines = lines[1:]  # Keras: the layer's own error is the next line
   return f"{type(error).__name__}: {lines[0][:300] if lines else ''}{where}"

@@ -137,6 +137,32 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.runtime.mlflow_uri and importlib.util.find_spec("mlflow") is None:
     raise UserError(f"runtime.mlflow_uri={config.runtime.mlflow_uri!r} needs the MLflow client: "
                     f"pip install -e '.[mlflow]' (or pip install mlflow-skinny)")
+  if config.runtime.mlflow_uri:
+    _mlflow_store(config.runtime.mlflow_uri)
+
+
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def _mlflow_store(uri: str) -> None:
+  """A local store the installed client refuses, in one line naming what works: MLflow's
+  file store is in maintenance mode (refused unless MLFLOW_ALLOW_FILE_STORE=true); a
+  database needs the full `mlflow` package (mlflow-skinny has no SQLAlchemy)."""
+  scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+  if scheme in ("file", "") or len(scheme) == 1:  # a path (or a Windows drive) is a file store
+    from mlflow import environment_variables  # pylint: disable=g-import-not-at-top
+    allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is not None and not allowed.get():
+      raise UserError(f"runtime.mlflow_uri={uri!r}: MLflow's file store is in maintenance "
+                      f"mode and the installed client refuses it; log locally to "
+                      f"sqlite:///PATH/mlflow.db (pip install mlflow), or to a tracking "
+                      f"server (mlflow server --backend-store-uri sqlite:///PATH/mlflow.db; "
+                      f"runtime.mlflow_uri=http://127.0.0.1:5000), or set "
+                      f"MLFLOW_ALLOW_FILE_STORE=true")
+  if scheme in _DATABASES and importlib.util.find_spec("sqlalchemy") is None:
+    raise UserError(f"runtime.mlflow_uri={uri!r}: a database store needs the full MLflow "
+                    f"package (pip install mlflow); the mlflow-skinny client logs to a "
+                    f"tracking server (http://HOST:PORT) only")
 
 
 # Settings of train.optimizer_args that have a field of their own, or that live in Keras's
