@@ -134,11 +134,11 @@ class Trainer:
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
       train_names, norms = user_code.traced(lambda: steps.discover(traced_train_step, train_spec,
                                                           "train_step", replicas), self.task)
-      eval_names, _ = user_code.traced(lambda: steps.discover(
-          lambda batch: (self.task.eval_step(batch), {}),
-          (self.features_spec, labels_spec), "eval_step", replicas), self.task)
+      eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
+          lambda batch: (self.task.eval_step(batch), {}), train_spec, "eval_step", replicas),
+                                       self.task)
     self._train_sums = steps.Sums(train_names, list(norms))
-    self._eval_sums = steps.Sums(eval_names)
+    self._eval_sums = steps.Sums(eval_names, what="eval_step")
     self._train_names = [name for name in train_names if name != "regularization_loss"]
     self._eval_names = eval_names
     if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
