@@ -173,6 +173,14 @@ def example_spec(source: Source):
                                batch_spec)
 
 
+def check_stream(source: StreamSource) -> None:
+  """A stream split at start-up: its elements checked (`example_spec`) and its first one
+  read. DataError if it yields none, as for an empty in-memory split: an empty eval
+  split would report 0.0 for every value, an empty train split never makes a batch."""
+  if next(iter(_stream_examples(source).take(1)), None) is None:
+    raise DataError(f"{source.where}: the split is empty (the dataset yields no example)")
+
+
 def _stream_examples(source: StreamSource) -> tf.data.Dataset:
   """The user's dataset, its element spec checked; DataError if building it fails."""
   try:

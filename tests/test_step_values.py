@@ -125,3 +125,41 @@ def test_a_length_known_only_when_the_step_runs_is_checked_then_in_one_line(tmp_
   assert str(refused.value) == ("train_step returned 'confident' of length 63 on a batch of 64 "
                                 "examples: values are per example (shape [batch]) or per "
                                 "step (a scalar)")
+
+
+# -- empty streams and non-finite values (defect 6) -------------------------------------
+
+_STREAMS = "tests/stream_plugins.py"
+
+
+@pytest.mark.parametrize("split", ["eval", "train"])
+def test_an_empty_stream_split_is_refused_before_anything_is_written(tmp_path, split):
+  """Caught: an empty tf.data eval stream reported eval_loss 0.0 and exited 0; an empty
+  train stream was a StopIteration traceback (an empty in-memory split was refused)."""
+  import input_pipelines  # pylint: disable=g-import-not-at-top
+  config = _config(name=f"{_STREAMS}:empty_{split}_stream")
+  with pytest.raises(input_pipelines.DataError) as refused:
+    trainer.run(config, str(tmp_path / "run"), mode="train_and_eval")
+  assert str(refused.value) == (f"data.name='{_STREAMS}:empty_{split}_stream' {split} split: "
+                                f"the split is empty (the dataset yields no example)")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_non_finite_eval_value_is_null_in_summary_json_and_said_in_the_log(tmp_path, caplog):
+  """Caught: an eval step returning NaN wrote bare NaN into summary.json (not JSON)."""
+  def nan(features, per_example):
+    return {"broken": per_example * math.nan}
+  summary = trainer.run(_config(), str(tmp_path), task=_task(evaluate=nan))
+  assert math.isnan(summary["eval_broken"])  # the Python result holds what was computed
+  def refuse(constant):
+    raise AssertionError(f"summary.json holds {constant}: not JSON")
+  with open(tmp_path / "summary.json") as f:
+    written = json.load(f, parse_constant=refuse)
+  assert written["eval_broken"] is None and written["eval_loss"] > 0
+  assert "summary.json: eval_broken is nan (not finite); written as null" in caplog.text
+
+
+def test_every_json_file_is_strict_json():
+  text = layout.json_text({"a": float("inf"), "b": [1.0, float("nan")], "c": {"d": -math.inf},
+                           "e": np.float64(2.5).item()}, "x.json")
+  assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2.5}

@@ -123,9 +123,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
                        eval_batch=config.eval.global_batch_size,
                        processes=runtime.num_workers(strategy))
-  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
+  for source in splits:  # a tf.data stream: fixed-shape examples, one label, not empty
     if isinstance(source, input_pipelines.StreamSource):
-      batching.example_spec(source)
+      batching.check_stream(source)
   _stop_if_signalled(config)
 
   with (_writer(model_dir) if training and runtime.is_chief(strategy)

@@ -25,6 +25,7 @@ import ml_collections
 import tensorflow as tf
 
 from input_pipelines import batching
+from input_pipelines.errors import DataError
 from input_pipelines.sources import Source
 from trainer import task as tasks
 from trainer.cluster import preemption
@@ -396,6 +397,8 @@ class Trainer:
             self.strategy.distribute_datasets_from_function(dataset), decode)
     with self._served_weights():
       result = self._eval_sums.result(self._eval_pass())  # host sync
+    if not result["examples"]:  # a stream that was not empty at start-up: no 0.0 reported
+      raise DataError(f"{self.eval_source.where}: the eval pass read no example")
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
     self._log_metrics(step, "eval", {name: result[name]
                                      for name in [*self._eval_names, "examples"]})
