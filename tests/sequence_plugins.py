@@ -125,6 +125,27 @@ def masked_mean(model_config, input_spec):
   return keras.Model(inputs, keras.layers.Dense(2)(pooled))
 
 
+def from_input_spec(model_config, input_spec):
+  """masked_mean with its input shaped as `input_spec` says, as a user writes it
+  (keras.Input(shape=input_spec.shape[1:])): a length fixed there is fixed in the model."""
+  tokens = keras.Input(shape=input_spec.shape[1:], dtype=input_spec.dtype)
+  embedded = keras.layers.Embedding(VOCAB, 16, mask_zero=True)(tokens)
+  pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+  return keras.Model(tokens, keras.layers.Dense(2)(pooled))
+
+
+def masked_mean_reference(arrays: dict, tokens):
+  """What masked_mean computes, in numpy from its weights {path: array} (a checkpoint's):
+  softmax(mean of the embeddings of the non-zero tokens @ kernel + bias), per row."""
+  by_shape = {value.shape: value for value in arrays.values()}
+  embeddings, kernel, bias = by_shape[(VOCAB, 16)], by_shape[(16, 2)], by_shape[(2,)]
+  rows = []
+  for row in np.asarray(tokens):
+    logits = embeddings[row[row != 0]].mean(axis=0) @ kernel + bias
+    rows.append(np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum())
+  return np.stack(rows)
+
+
 class _LengthProbe(keras.layers.Layer):
   """Passes its input on, appending each batch's length (axis 1) to `lengths.txt` in the
   working directory named by DISTLOOP_TEST_LENGTHS: what the model was fed."""

@@ -84,10 +84,12 @@ class Trainer:
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     # A few real training examples: the task's input spec, the start-up checks, samples.
-    self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
-                                                global_batch_size=_PROBE_EXAMPLES)))
-    self.features_spec, labels_spec = tf.nest.map_structure(
-        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe)
+    probe = self._train_dataset(start_example=0, stream="probe",
+                                global_batch_size=_PROBE_EXAMPLES)
+    self._probe = next(iter(probe))
+    # None wherever the data varies (data.pad_to): the model and the export take any length.
+    self.features_spec, labels_spec = batching.batch_spec(self.train_source, probe.element_spec,
+                                                          self._probe)
     self.is_chief = runtime.is_chief(strategy)
     self.agreement = Agreement(strategy)
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
@@ -555,7 +557,8 @@ class Trainer:
     with self._served_weights():
       export.export_saved_model(
           served, destination,
-          before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
+          before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})),
+          examples=self._probe[0], features_spec=self.features_spec)
     logging.info("Exported SavedModel to %s", destination)
     return destination
 
