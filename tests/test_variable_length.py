@@ -319,9 +319,9 @@ def test_the_export_check_refuses_a_served_function_that_is_not_the_model(tmp_pa
     return serve(self, features[:, :16])
   monkeypatch.setattr(export._Serving, "serve", fixed_length)  # pylint: disable=protected-access
   original = export.check_served
-  def checked(directory, serving, input_spec, examples=None):
+  def checked(*args):
     monkeypatch.setattr(export._Serving, "serve", serve)  # pylint: disable=protected-access
-    return original(directory, serving, input_spec, examples)  # the model: as it is
+    return original(*args)  # the model: as it is
   monkeypatch.setattr(export, "check_served", checked)
   with pytest.raises(UserError, match=r"the exported SavedModel serves 'probabilities' "
                                       r"\S+ off the model's on inputs of shape \[8, \d+\]"):

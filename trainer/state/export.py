@@ -78,7 +78,7 @@ def export_saved_model(served, destination: str, before_write=None, examples=Non
     if before_write is not None:
       before_write()
     tf.saved_model.save(serving, temporary, signatures=signatures)
-    check_served(temporary, serving, input_spec, examples)
+    check_served(temporary, serving, input_spec, examples, features_spec)
     os.replace(temporary, destination)
   except Exception as e:  # pylint: disable=broad-except  (OSError or a TensorFlow OpError)
     if storage.reason(e) is None:
@@ -106,9 +106,11 @@ def _plain_copy(served, input_spec):
   return model
 
 
-def check_served(directory: str, serving: _Serving, input_spec, examples=None) -> None:
+def check_served(directory: str, serving: _Serving, input_spec, examples=None,
+                 features_spec=None) -> None:
   """Loads the SavedModel written at `directory` and serves it inputs of several
-  lengths along every dimension its signature leaves open (None past the batch):
+  lengths along every dimension its signature leaves open (None past the batch) or
+  the data varies in (None in `features_spec`):
   `examples` as they are, cut shorter, and repeated to more than twice their length
   (new content, not padding, past the examples' end); without `examples` of the
   signature's structure, inputs made from `input_spec`. Each served output must be
@@ -118,12 +120,15 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None) -
   specs = tf.nest.flatten(input_spec)
   if examples is None or not _fits(examples, input_spec):
     examples = tf.nest.pack_sequence_as(input_spec, [_made_up(spec) for spec in specs])
-  for what, inputs in _lengths(examples, input_spec):
-    expected = serving.serve(inputs)
+  open_spec = input_spec
+  if _same_structure(input_spec, features_spec):  # the data's varying dims too
+    open_spec = tf.nest.map_structure(_open, input_spec, features_spec)
+  for what, inputs in _lengths(examples, open_spec):
     try:
+      expected = serving.serve(inputs)
       got = signature(**dict(zip(names, tf.nest.flatten(inputs))))
     except (TypeError, ValueError, tf.errors.OpError) as e:
-      raise UserError(f"the exported SavedModel fails on inputs {what}: "
+      raise UserError(f"the exported model fails on inputs {what}: "
                       f"{str(e).strip().splitlines()[0][:300]}") from None
     for name, value in expected.items():
       value, served_value = value.numpy(), got[name].numpy()
@@ -154,6 +159,24 @@ def _lengths(examples, input_spec):
         yield f"of shape {_shapes(inputs)} (length {new} along axis {axis})", inputs
 
 
+def _open(spec, data):
+  """`spec` with None wherever `data` (the same input's spec in the data) has None."""
+  if spec.shape.rank != data.shape.rank:
+    return spec
+  return tf.TensorSpec([s if d is not None else None for s, d in zip(spec.shape, data.shape)],
+                       spec.dtype)
+
+
+def _same_structure(input_spec, features_spec) -> bool:
+  if features_spec is None:
+    return False
+  try:
+    tf.nest.assert_same_structure(input_spec, features_spec)
+  except (TypeError, ValueError):
+    return False
+  return True
+
+
 def _shapes(inputs) -> str:
   return ", ".join(str(list(np.shape(leaf))) for leaf in tf.nest.flatten(inputs))
 
@@ -181,11 +204,7 @@ def _made_up(spec):
 def _fixed_where_data_varies(input_spec, features_spec) -> str | None:
   """'dimension 1 of inputs (169)' where the served input fixes what the data leaves
   None; None if nothing (or the export serves something other than the features)."""
-  if features_spec is None:
-    return None
-  try:
-    tf.nest.assert_same_structure(input_spec, features_spec)
-  except (TypeError, ValueError):
+  if not _same_structure(input_spec, features_spec):
     return None
   for served, data in zip(tf.nest.flatten(input_spec), tf.nest.flatten(features_spec)):
     if served.shape.rank != data.shape.rank:
