@@ -23,7 +23,9 @@ from trainer.cluster import sharding
 from trainer.errors import UserError
 from trainer.state import storage
 
-_TOLERANCE = 1e-5  # served = the model's outputs, relative to max(1, |output|)
+# Served = the model's outputs, relative to max(1, |output|): the graph and the eager
+# call may order sums apart (oneDNN fusions), a few units of the compute dtype's last place.
+_TOLERANCE = {"float16": 4 * 2.0 ** -10, "bfloat16": 4 * 2.0 ** -7}  # else 1e-5
 
 
 class _Serving(tf.Module):
@@ -114,7 +116,8 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
   `examples` as they are, cut shorter, and repeated to more than twice their length
   (new content, not padding, past the examples' end); without `examples` of the
   signature's structure, inputs made from `input_spec`. Each served output must be
-  the model's to 1e-5: UserError otherwise (nothing is exported)."""
+  the model's to 1e-5 (float16, bfloat16: 4 units in their last place): UserError
+  otherwise (nothing is exported)."""
   signature = tf.saved_model.load(directory).signatures["serving_default"]
   names = sorted(signature.structured_input_signature[1])
   specs = tf.nest.flatten(input_spec)
@@ -123,6 +126,7 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
   open_spec = input_spec
   if _same_structure(input_spec, features_spec):  # the data's varying dims too
     open_spec = tf.nest.map_structure(_open, input_spec, features_spec)
+  tolerance = _TOLERANCE.get(str(getattr(serving.model, "compute_dtype", "")), 1e-5)
   for what, inputs in _lengths(examples, open_spec):
     try:
       expected = serving.serve(inputs)
@@ -134,7 +138,7 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
       value, served_value = value.numpy(), got[name].numpy()
       difference = float(np.max(np.abs(served_value - value) / np.maximum(1.0, np.abs(value)),
                                 initial=0.0)) if served_value.shape == value.shape else None
-      if difference is None or not difference <= _TOLERANCE:
+      if difference is None or not difference <= tolerance:
         said = (f"shape {list(served_value.shape)}, the model's {list(value.shape)}"
                 if difference is None else f"{difference:.3g} off the model's")
         raise UserError(f"the exported SavedModel serves {name!r} {said} on inputs {what}: "
