@@ -11,6 +11,12 @@ checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
 directory and renamed: a crash never leaves half an export, and a full disk or
 a denied write removes the temporary and raises StorageError (one line).
+
+Before the rename the temporary is loaded back and served real examples (the
+probe batch), shorter and longer along every dimension that varies in the data
+(None in the features' spec: data.pad_to), and compared with the model: an
+export that is not the model (a signature fixed at one length) is refused in one
+line (`check_served`), never written.
 """
 import os
 import shutil
