@@ -30,8 +30,9 @@ from trainer.errors import UserError
 from trainer.state import storage
 
 # Served = the model's outputs, relative to max(1, |output|): the graph and the eager
-# call may order sums apart (oneDNN fusions), a few units of the compute dtype's last place.
-_TOLERANCE = {"float16": 4 * 2.0 ** -10, "bfloat16": 4 * 2.0 ** -7}  # else 1e-5
+# call may order sums apart (oneDNN fusions, cuDNN's choice of algorithm), a few units of
+# the compute dtype's last place (TF32: float32 matmuls on a GPU round to 10 bits).
+_TOLERANCE = {"float16": 4 * 2.0 ** -10, "bfloat16": 4 * 2.0 ** -7, "tf32": 8 * 2.0 ** -10}
 
 
 class _Serving(tf.Module):
@@ -122,8 +123,8 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
   `examples` as they are, cut shorter, and repeated to more than twice their length
   (new content, not padding, past the examples' end); without `examples` of the
   signature's structure, inputs made from `input_spec`. Each served output must be
-  the model's to 1e-5 (float16, bfloat16: 4 units in their last place): UserError
-  otherwise (nothing is exported)."""
+  the model's to 1e-5 (float16, bfloat16: 4 units in their last place; float32 on a
+  GPU with TF32: 8 of its): UserError otherwise (nothing is exported)."""
   signature = tf.saved_model.load(directory).signatures["serving_default"]
   names = sorted(signature.structured_input_signature[1])
   specs = tf.nest.flatten(input_spec)
@@ -132,7 +133,7 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
   open_spec = input_spec
   if _same_structure(input_spec, features_spec):  # the data's varying dims too
     open_spec = tf.nest.map_structure(_open, input_spec, features_spec)
-  tolerance = _TOLERANCE.get(str(getattr(serving.model, "compute_dtype", "")), 1e-5)
+  tolerance = _tolerance(serving.model)
   for what, inputs in _lengths(examples, open_spec):
     try:
       expected = serving.serve(inputs)
@@ -149,6 +150,16 @@ def check_served(directory: str, serving: _Serving, input_spec, examples=None,
                 if difference is None else f"{difference:.3g} off the model's")
         raise UserError(f"the exported SavedModel serves {name!r} {said} on inputs {what}: "
                         f"the export is not the model")
+
+
+def _tolerance(model) -> float:
+  dtype = str(getattr(model, "compute_dtype", ""))
+  if dtype in _TOLERANCE:
+    return _TOLERANCE[dtype]
+  if (tf.config.list_logical_devices("GPU")
+      and tf.config.experimental.tensor_float_32_execution_enabled()):
+    return _TOLERANCE["tf32"]
+  return 1e-5
 
 
 def _lengths(examples, input_spec):
