@@ -173,6 +173,27 @@ def example_spec(source: Source):
                                batch_spec)
 
 
+def check_stream(source: StreamSource) -> None:
+  """A stream split at start-up: its elements checked (`example_spec`) and its first one
+  read. DataError if it yields none, as for an empty in-memory split: an empty eval
+  split would report 0.0 for every value, an empty train split never makes a batch."""
+  if next(iter(_stream_examples(source).take(1)), None) is None:
+    raise DataError(f"{source.where}: the split is empty (the dataset yields no example)")
+
+
+def batch_spec(source: Source, element_spec, batch):
+  """TensorSpecs `[None, ...]` of the batches of `source`, as the model's input_spec and
+  the export's signature take them: a dimension that varies in the data (`data.pad_to`:
+  each batch padded to its own length, None in the pipeline's `element_spec`) is None,
+  every other one as `batch` (a real batch) has it: a shape TensorFlow lost on the way
+  (a preprocess) is not taken for a varying one."""
+  def spec(element, tensor):
+    dims = [None, *[None if source.padding is not None and varies is None else size
+                    for varies, size in zip(element.shape[1:], tensor.shape[1:])]]
+    return tf.TensorSpec(dims, tensor.dtype)
+  return tf.nest.map_structure(spec, element_spec, batch)
+
+
 def _stream_examples(source: StreamSource) -> tf.data.Dataset:
   """The user's dataset, its element spec checked; DataError if building it fails."""
   try:

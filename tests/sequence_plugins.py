@@ -125,6 +125,28 @@ def masked_mean(model_config, input_spec):
   return keras.Model(inputs, keras.layers.Dense(2)(pooled))
 
 
+def from_input_spec(model_config, input_spec):
+  """Embedding(mask_zero=True) -> GRU -> logits, its input shaped as `input_spec` says, as
+  a user writes it (keras.Input(shape=input_spec.shape[1:])): a length fixed there is the
+  GRU's number of steps in the export."""
+  del model_config
+  tokens = keras.Input(shape=input_spec.shape[1:], dtype=input_spec.dtype)
+  embedded = keras.layers.Embedding(VOCAB, 16, mask_zero=True)(tokens)
+  return keras.Model(tokens, keras.layers.Dense(2)(keras.layers.GRU(8)(embedded)))
+
+
+def from_input_spec_reference(arrays: dict, tokens):
+  """from_input_spec's probabilities for `tokens` of any length, from its weights
+  {path: array} (a checkpoint's; each of its weights has a shape of its own)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model = from_input_spec(None, tf.TensorSpec([None, None], tf.int32))
+  by_shape = {value.shape: value for key, value in arrays.items()
+              if "seed_generator" not in key}  # the GRU's dropout seed is (2,) too
+  for weight in model.weights:
+    weight.assign(by_shape[tuple(weight.shape)])
+  return tf.nn.softmax(model(tf.constant(tokens), training=False)).numpy()
+
+
 class _LengthProbe(keras.layers.Layer):
   """Passes its input on, appending each batch's length (axis 1) to `lengths.txt` in the
   working directory named by DISTLOOP_TEST_LENGTHS: what the model was fed."""

@@ -17,3 +17,24 @@ def shuffled_stream(data_config, seed):
 
   eval_images = (splits.test_images.astype(np.float32) / 255.0)[..., None]
   return make_dataset, (eval_images, splits.test_labels)
+
+
+def _empty(data_config, seed):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  del data_config, seed
+  return lambda: tf.data.Dataset.from_tensor_slices(
+      (tf.zeros([0, 28, 28, 1]), tf.zeros([0], tf.int64)))
+
+
+def empty_eval_stream(data_config, seed):
+  """The training split in memory, the eval split a stream that yields nothing."""
+  splits = synthetic.build(data_config, seed)
+  images = (splits.train_images.astype(np.float32) / 255.0)[..., None]
+  return (images, splits.train_labels), _empty(data_config, seed)
+
+
+def empty_train_stream(data_config, seed):
+  """The training split a stream that yields nothing."""
+  splits = synthetic.build(data_config, seed)
+  eval_images = (splits.test_images.astype(np.float32) / 255.0)[..., None]
+  return _empty(data_config, seed), (eval_images, splits.test_labels)

@@ -31,3 +31,17 @@ def test_sigterm_then_resume_skips_to_the_same_examples(tmp_path, uninterrupted)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
   assert_same_state(checkpoint_arrays(tmp_path, 60), uninterrupted, atol=1e-6)
+
+
+@pytest.mark.slow  # a process for the exit code and stderr; test_step_values.py has it in-process
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_an_empty_stream_is_one_line_exit_2_and_nothing_written(tmp_path, split):
+  """Caught: an empty train stream was a StopIteration traceback; an empty eval stream
+  reported eval_loss 0.0 and exited 0."""
+  result = run_trainer(tmp_path / "run", *_FLAGS, "--config.train.steps=4",
+                       f"--config.data.name={REPO}/tests/stream_plugins.py:empty_{split}_stream")
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.error_lines()
+  assert len(lines) == 1 and lines[0].startswith("distloop: error: "), lines
+  assert lines[0].endswith(f"{split} split: the split is empty (the dataset yields no example)")
+  assert not (tmp_path / "run").exists()

@@ -256,3 +256,74 @@ def test_refused_in_one_line(tmp_path, flags, message):
   assert result.stderr.startswith("distloop: error: ") and message in result.stderr, result.stderr
   assert not model_dir.exists()
   assert time.monotonic() - started < 60
+
+
+# -- the export serves any length (issue 31, defect 4) -----------------------------------
+
+def _trained_in_process(model_dir, model: str, data: str = "numpy_sequences", steps: int = 20):
+  import configs  # pylint: disable=g-import-not-at-top
+  import trainer  # pylint: disable=g-import-not-at-top
+  config = configs.get("synthetic")
+  config.unlock()
+  config.model.name = f"{_PLUGINS}:{model}"
+  config.data.name, config.data.pad_to = f"{_PLUGINS}:{data}", "longest"
+  config.data.num_train_examples, config.data.num_eval_examples = 256, 64
+  config.train.global_batch_size, config.train.learning_rate = 32, 0.05
+  config.train.steps = config.train.steps_per_loop = steps
+  return trainer.run(config, str(model_dir))
+
+
+def _model_weights(model_dir, step: int) -> dict:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  flat = {}
+  def walk(node, path):
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f"{path}/{key}")
+      else:
+        flat[f"{path}/{key}"] = np.asarray(value)
+  walk(ocp.PyTreeCheckpointer().restore(str(model_dir / "checkpoints" / str(step) / "model")), "")
+  return flat
+
+
+@pytest.mark.parametrize("data", ["numpy_sequences", pytest.param(
+    "stream_sequences", marks=pytest.mark.slow)])  # (slow: the same check, the stream's spec)
+def test_the_export_of_a_model_built_from_the_input_spec_serves_any_length(tmp_path, data):
+  """Caught: the input_spec handed to the model builder and the export's signature were
+  fixed at the probe batch's padded length, e.g. (None, 169): an input longer than that
+  was served cut (P=0.0007 where the model gives 0.99999), a shorter one failed."""
+  _trained_in_process(tmp_path, "from_input_spec", data)
+  exported = tf.saved_model.load(str(tmp_path / "export" / "20"))
+  served = exported.signatures["serving_default"]
+  assert served.structured_input_signature[1]["inputs"].shape.as_list() == [None, None]
+  weights = _model_weights(tmp_path, 20)
+  rng = np.random.default_rng(3)
+  longer = sequence_plugins.MAX_LENGTH + 17  # longer than every training example
+  for length in (longer, 37, 5):
+    tokens = rng.integers(1, sequence_plugins.VOCAB, size=(3, length)).astype(np.int32)
+    tokens[0, length // 2:] = 1  # the first row's second half all one token: its tail counts
+    outputs = served(inputs=tf.constant(tokens))["probabilities"].numpy()
+    np.testing.assert_allclose(outputs, sequence_plugins.from_input_spec_reference(weights, tokens),
+                               atol=1e-5, err_msg=f"length {length}")
+
+
+def test_the_export_check_refuses_a_served_function_that_is_not_the_model(tmp_path, monkeypatch):
+  """The check after writing serves lengths shorter and longer than the probe: a served
+  function fixed at the probe's length (the defect, put back here) is refused, and nothing
+  is exported."""
+  from trainer.state import export  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  serve = export._Serving.serve  # pylint: disable=protected-access
+
+  def fixed_length(self, features):  # serves the first 16 tokens only
+    return serve(self, features[:, :16])
+  monkeypatch.setattr(export._Serving, "serve", fixed_length)  # pylint: disable=protected-access
+  original = export.check_served
+  def checked(*args):
+    monkeypatch.setattr(export._Serving, "serve", serve)  # pylint: disable=protected-access
+    return original(*args)  # the model: as it is
+  monkeypatch.setattr(export, "check_served", checked)
+  with pytest.raises(UserError, match=r"the exported SavedModel serves 'probabilities' "
+                                      r"\S+ off the model's on inputs of shape \[8, \d+\]"):
+    _trained_in_process(tmp_path, "masked_mean", steps=4)
+  assert not (tmp_path / "export").exists() or not os.listdir(tmp_path / "export")

@@ -124,9 +124,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
                        eval_batch=config.eval.global_batch_size,
                        processes=runtime.num_workers(strategy))
-  for source in splits:  # a tf.data stream's elements: fixed-shape examples, one label
+  for source in splits:  # a tf.data stream: fixed-shape examples, one label, not empty
     if isinstance(source, input_pipelines.StreamSource):
-      batching.example_spec(source)
+      batching.check_stream(source)
   _stop_if_signalled(config)
 
   with (_writer(model_dir) if training and runtime.is_chief(strategy)
@@ -268,7 +268,8 @@ class DataErrorInTfData(input_pipelines.DataError):
 
 def translate(error: BaseException) -> Exception | None:
   """TensorFlow's wrapping of what is really bad input, as the one-line error: a
-  DataError raised by a source inside tf.data; XLA without deterministic kernels."""
+  DataError raised by a source inside tf.data; XLA without deterministic kernels; a step's
+  per-example value of another length than its batch."""
   text = str(error)
   if _XLA_NOT_DETERMINISTIC in text:
     op = next((line.strip() for line in text.splitlines() if _XLA_NOT_DETERMINISTIC in line),
@@ -276,6 +277,10 @@ def translate(error: BaseException) -> Exception | None:
     return UserError("runtime.jit_compile=true cannot be runtime.deterministic=true for this "
                      f"model: XLA has no deterministic kernel for one of its ops ({op}); set "
                      "one of them to false")
+  match = re.search(r"assertion failed: \[(\w+ returned .+? of length \d+ on a batch of \d+ "
+                    r"examples: .+? \(a scalar\))\]", text)
+  if match:  # a per-example value's length, checked as the step ran (trainer/loop/steps.py)
+    return UserError(match.group(1).replace("\\'", "'"))
   match = re.search(r"DataError: (.+)", text)
   if match and not isinstance(error, input_pipelines.DataError):
     return DataErrorInTfData(match.group(1).strip())

@@ -11,7 +11,6 @@ trainer/errors.py's table: 0 done, 1 failure, 2 bad input, 42 preempted (or
 --preempted_exit_code, read from the command line first thing: a signal during
 start-up exits with it too).
 """
-import json
 import os
 import re
 import sys
@@ -110,7 +109,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     else:
       _log_summary(result, model_dir)
   elif mode == "eval":
-    print(json.dumps(result))
+    print(layout.json_text(result, "the eval result"))
   elif mode == "export":
     print(result)
   return EXIT_OK

@@ -25,6 +25,7 @@ import ml_collections
 import tensorflow as tf
 
 from input_pipelines import batching
+from input_pipelines.errors import DataError
 from input_pipelines.sources import Source
 from trainer import task as tasks
 from trainer.cluster import preemption
@@ -83,10 +84,12 @@ class Trainer:
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     # A few real training examples: the task's input spec, the start-up checks, samples.
-    self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
-                                                global_batch_size=_PROBE_EXAMPLES)))
-    self.features_spec, labels_spec = tf.nest.map_structure(
-        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._probe)
+    probe = self._train_dataset(start_example=0, stream="probe",
+                                global_batch_size=_PROBE_EXAMPLES)
+    self._probe = next(iter(probe))
+    # None wherever the data varies (data.pad_to): the model and the export take any length.
+    self.features_spec, labels_spec = batching.batch_spec(self.train_source, probe.element_spec,
+                                                          self._probe)
     self.is_chief = runtime.is_chief(strategy)
     self.agreement = Agreement(strategy)
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
@@ -134,12 +137,11 @@ class Trainer:
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
       train_names, norms = user_code.traced(lambda: steps.discover(
           traced_train_step, train_spec, "train_step", replicas, self.state.check_step), self.task)
-      eval_names, _ = user_code.traced(lambda: steps.discover(
-          lambda batch: (self.task.eval_step(batch), {}),
-          (self.features_spec, labels_spec), "eval_step", replicas, self.state.check_step),
-          self.task)
+      eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
+          lambda batch: (self.task.eval_step(batch), {}), train_spec, "eval_step", replicas,
+          self.state.check_step), self.task)
     self._train_sums = steps.Sums(train_names, list(norms))
-    self._eval_sums = steps.Sums(eval_names)
+    self._eval_sums = steps.Sums(eval_names, what="eval_step")
     self._train_names = [name for name in train_names if name != "regularization_loss"]
     self._eval_names = eval_names
     if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
@@ -404,6 +406,8 @@ class Trainer:
     with self._served_weights(), user_code.running(f"{type(self.task).__name__}.eval_step",
                                                    f"in the eval at step {step}"):
       result = self._eval_sums.result(self._eval_pass())  # host sync
+    if not result["examples"]:  # a stream that was not empty at start-up: no 0.0 reported
+      raise DataError(f"{self.eval_source.where}: the eval pass read no example")
     self.summaries.scalars("eval", step, {name: result[name] for name in self._eval_names})
     self._log_metrics(step, "eval", {name: result[name]
                                      for name in [*self._eval_names, "examples"]})
@@ -557,7 +561,8 @@ class Trainer:
     with self._served_weights():
       export.export_saved_model(
           served, destination,
-          before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})))
+          before_write=lambda: self._schedule.at_phase("export", self._boundary(step, {})),
+          examples=self._probe[0], features_spec=self.features_spec)
     logging.info("Exported SavedModel to %s", destination)
     return destination
 

@@ -21,6 +21,8 @@ is kept best and exported, and what the checkpoint holds are one set of
 statistics; the first replica's values never depend on when that happens, so a
 resumed run still equals an uninterrupted one.
 """
+import fnmatch
+
 import keras
 import tensorflow as tf
 from tensorflow.python.distribute import values as distribute_values  # pylint: disable=g-direct-tensorflow-import
@@ -38,7 +40,8 @@ class Sums:
   count, so after the division it is the average over the loop's steps.
   """
 
-  def __init__(self, names, norm_names=()):
+  def __init__(self, names, norm_names=(), what: str = "train_step"):
+    self.what = what  # the step, for messages
     self.names = list(names)
     self.norm_names = list(norm_names)
     self.size = 1 + len(self.names) + 2 * len(self.norm_names)
@@ -52,7 +55,8 @@ class Sums:
     sums = []
     for name in self.names:
       value = tf.cast(values[name], tf.float64)
-      sums.append(value * count if value.shape.rank == 0 else tf.reduce_sum(value))
+      sums.append(value * count if value.shape.rank == 0 else
+                  tf.reduce_sum(_per_example(self.what, name, value, count)))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
     counts_norms = _counts_norms()
     for name in self.norm_names:
@@ -102,33 +106,77 @@ def _example_count(batch):
           else tf.cast(tf.shape(first)[0], tf.float64))
 
 
-def check_values(what: str, values) -> dict:
-  """A step's return value, at trace time: {name: per-example [batch] or scalar}."""
+# Names distloop reports itself next to a step's values (the example count, the learning
+# rates, the throughput, the gradient norms, summary.json's train_/eval_time_sec, the eval
+# mode's step): a value of the same name would be overwritten by distloop's, or overwrite it.
+RESERVED = ("examples", "step", "examples_per_sec", "steps_per_sec", "time_sec",
+            "learning_rate", "learning_rate_*", "grad_norm", "*_grad_norm", "gradient_norm",
+            "*_gradient_norm")
+
+
+def is_reserved(name: str) -> bool:
+  return any(fnmatch.fnmatchcase(name, pattern) for pattern in RESERVED)
+
+
+def check_values(what: str, values, batch_size: int | None = None) -> dict:
+  """A step's return value, at trace time: {name: per-example [batch] or scalar}, no
+  name distloop reports itself. `batch_size`: the traced batch's static size, which a
+  per-example value's static length must equal (an unknown length is checked when the
+  step runs: Sums.of_batch)."""
   if not isinstance(values, dict) or not all(isinstance(name, str) for name in values):
     kind = "a tensor" if tf.is_tensor(values) else type(values).__name__
     raise UserError(f"{what} returned {kind}; it returns a dict of named "
                     f"per-example values ({{'loss': per_example_loss, ...}})")
   for name, value in values.items():
+    if is_reserved(name):
+      raise UserError(f"{what} returned {name!r}, a name distloop reports itself; rename it "
+                      f"(reserved: {', '.join(RESERVED)})")
     if not tf.is_tensor(value) and not isinstance(value, (float, int)):
       raise UserError(f"{what} returned {name!r} as {type(value).__name__}, not a tensor")
-    rank = tf.convert_to_tensor(value).shape.rank
-    if rank not in (0, 1):
-      raise UserError(f"{what} returned {name!r} of rank {rank}: values are per example "
-                      f"(shape [batch]) or per step (a scalar)")
+    shape = tf.convert_to_tensor(value).shape
+    if shape.rank not in (0, 1):
+      raise UserError(f"{what} returned {name!r} of rank {shape.rank}: values are per "
+                      f"example (shape [batch]) or per step (a scalar)")
+    if shape.rank == 1 and None not in (shape[0], batch_size) and shape[0] != batch_size:
+      raise UserError(_wrong_length(what, name, shape[0], batch_size))
   return values
+
+
+def _wrong_length(what: str, name: str, length, batch_size) -> str:
+  return (f"{what} returned {name!r} of length {length} on a batch of {batch_size} "
+          f"examples: values are per example (shape [batch]) or per step (a scalar)")
+
+
+def _per_example(what: str, name: str, value, count):
+  """`value` [n], checked to hold one value per example of the batch (`count`, float64):
+  when either length is unknown at trace time, by an assertion that runs with the step
+  (api.translate makes its failure the one line)."""
+  length, batch_size = value.shape[0], tf.get_static_value(count)
+  if length is not None and batch_size is not None:
+    if length != int(batch_size):
+      raise UserError(_wrong_length(what, name, length, int(batch_size)))
+    return value
+  length = tf.shape(value, out_type=tf.int64)[0]
+  batch = tf.cast(count, tf.int64)
+  message = tf.strings.format(_wrong_length(what, name.replace("{", "(").replace("}", ")"),
+                                            "{}", "{}"), (length, batch))
+  with tf.control_dependencies([tf.debugging.Assert(tf.equal(length, batch), [message])]):
+    return tf.identity(value)
 
 
 def discover(step_fn, batch_spec, what: str, strategy=None, check=None) -> tuple[list, dict]:
   """(the names the step returns, in order; the context's gradient norms by name), by
   tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
-  With a `strategy` it is traced in a replica context, as it will run. `check(what,
+  With a `strategy` it is traced in a replica context, as it will run; a static batch
+  size in `batch_spec` checks the per-example values' lengths here. `check(what,
   trace)` traces it instead (TaskState.check_step: the trace is checked against the
   task's checkpointed state)."""
   found = {}
 
   def replica_probe(batch):
     values, norms = step_fn(batch)
-    found["values"] = check_values(what, values)
+    _, labels = batch
+    found["values"] = check_values(what, values, tf.nest.flatten(labels)[0].shape[0])
     found["norms"] = norms
     return tf.constant(0)
 

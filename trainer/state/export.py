@@ -11,15 +11,28 @@ checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
 directory and renamed: a crash never leaves half an export, and a full disk or
 a denied write removes the temporary and raises StorageError (one line).
+
+Before the rename the temporary is loaded back and served real examples (the
+probe batch), shorter and longer along every dimension that varies in the data
+(None in the features' spec: data.pad_to), and compared with the model: an
+export that is not the model (a signature fixed at one length) is refused in one
+line (`check_served`), never written.
 """
 import os
 import shutil
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer.cluster import sharding
+from trainer.errors import UserError
 from trainer.state import storage
+
+# Served = the model's outputs, relative to max(1, |output|): the graph and the eager
+# call may order sums apart (oneDNN fusions, cuDNN's choice of algorithm), a few units of
+# the compute dtype's last place (TF32: float32 matmuls on a GPU round to 10 bits).
+_TOLERANCE = {"float16": 4 * 2.0 ** -10, "bfloat16": 4 * 2.0 ** -7, "tf32": 8 * 2.0 ** -10}
 
 
 class _Serving(tf.Module):
@@ -55,10 +68,18 @@ def trace(served) -> None:
   tf.function(serving.serve, input_signature=[served.input_spec]).get_concrete_function()
 
 
-def export_saved_model(served, destination: str, before_write=None) -> None:
+def export_saved_model(served, destination: str, before_write=None, examples=None,
+                       features_spec=None) -> None:
   """`served`: the task's Export (trainer/task/contract.py), its input_spec set;
-  `before_write()` runs just before the SavedModel is written (the "export" phase)."""
+  `before_write()` runs just before the SavedModel is written (the "export" phase).
+  `examples` (a batch of features as the model sees them) and `features_spec` (None
+  wherever the data varies) check what is written: `check_served`."""
   input_spec = served.input_spec
+  varying = _fixed_where_data_varies(input_spec, features_spec)
+  if varying:
+    raise UserError(f"the export's input_spec fixes {varying}, a dimension whose length "
+                    f"varies in the data (data.pad_to): it would serve other lengths "
+                    f"wrongly; give it None there")
   weights = [sharding.to_numpy(variable) for variable in served.model.variables]
   model = _plain_copy(served, input_spec)
   if model is not served.model:
@@ -73,9 +94,11 @@ def export_saved_model(served, destination: str, before_write=None) -> None:
     if before_write is not None:
       before_write()
     tf.saved_model.save(serving, temporary, signatures=signatures)
+    check_served(temporary, serving, input_spec, examples, features_spec)
     os.replace(temporary, destination)
   except Exception as e:  # pylint: disable=broad-except  (OSError or a TensorFlow OpError)
     if storage.reason(e) is None:
+      shutil.rmtree(temporary, ignore_errors=True)
       raise
     shutil.rmtree(temporary, ignore_errors=True)
     raise storage.failure("the SavedModel export", destination, e,
@@ -97,3 +120,124 @@ def _plain_copy(served, input_spec):
     model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), input_spec),
           training=False)
   return model
+
+
+def check_served(directory: str, serving: _Serving, input_spec, examples=None,
+                 features_spec=None) -> None:
+  """Loads the SavedModel written at `directory` and serves it inputs of several
+  lengths along every dimension its signature leaves open (None past the batch) or
+  the data varies in (None in `features_spec`):
+  `examples` as they are, cut shorter, and repeated to more than twice their length
+  (new content, not padding, past the examples' end); without `examples` of the
+  signature's structure, inputs made from `input_spec`. Each served output must be
+  the model's to 1e-5 (float16, bfloat16: 4 units in their last place; float32 on a
+  GPU with TF32: 8 of its): UserError otherwise (nothing is exported)."""
+  signature = tf.saved_model.load(directory).signatures["serving_default"]
+  names = sorted(signature.structured_input_signature[1])
+  specs = tf.nest.flatten(input_spec)
+  if examples is None or not _fits(examples, input_spec):
+    examples = tf.nest.pack_sequence_as(input_spec, [_made_up(spec) for spec in specs])
+  open_spec = input_spec
+  if _same_structure(input_spec, features_spec):  # the data's varying dims too
+    open_spec = tf.nest.map_structure(_open, input_spec, features_spec)
+  tolerance = _tolerance(serving.model)
+  for what, inputs in _lengths(examples, open_spec):
+    try:
+      expected = serving.serve(inputs)
+      got = signature(**dict(zip(names, tf.nest.flatten(inputs))))
+    except (TypeError, ValueError, tf.errors.OpError) as e:
+      raise UserError(f"the exported model fails on inputs {what}: "
+                      f"{str(e).strip().splitlines()[0][:300]}") from None
+    for name, value in expected.items():
+      value, served_value = value.numpy(), got[name].numpy()
+      difference = float(np.max(np.abs(served_value - value) / np.maximum(1.0, np.abs(value)),
+                                initial=0.0)) if served_value.shape == value.shape else None
+      if difference is None or not difference <= tolerance:
+        said = (f"shape {list(served_value.shape)}, the model's {list(value.shape)}"
+                if difference is None else f"{difference:.3g} off the model's")
+        raise UserError(f"the exported SavedModel serves {name!r} {said} on inputs {what}: "
+                        f"the export is not the model")
+
+
+def _tolerance(model) -> float:
+  dtype = str(getattr(model, "compute_dtype", ""))
+  if dtype in _TOLERANCE:
+    return _TOLERANCE[dtype]
+  if (tf.config.list_logical_devices("GPU")
+      and tf.config.experimental.tensor_float_32_execution_enabled()):
+    return _TOLERANCE["tf32"]
+  return 1e-5
+
+
+def _lengths(examples, input_spec):
+  """(words, inputs): `examples`, then per open dimension of each input shorter and longer."""
+  yield f"of shape {_shapes(examples)}", examples
+  leaves, specs = tf.nest.flatten(examples), tf.nest.flatten(input_spec)
+  for i, spec in enumerate(specs):
+    for axis in range(1, spec.shape.rank or 0):
+      if spec.shape[axis] is not None:
+        continue
+      length = int(leaves[i].shape[axis])
+      for new in (max(1, length // 2), 2 * length + 3):
+        changed = list(leaves)
+        array = np.asarray(leaves[i])
+        repeats = -(-new // max(1, length))
+        changed[i] = np.take(np.concatenate([array] * repeats, axis=axis), range(new), axis=axis)
+        inputs = tf.nest.pack_sequence_as(examples, changed)
+        yield f"of shape {_shapes(inputs)} (length {new} along axis {axis})", inputs
+
+
+def _open(spec, data):
+  """`spec` with None wherever `data` (the same input's spec in the data) has None."""
+  if spec.shape.rank != data.shape.rank:
+    return spec
+  return tf.TensorSpec([s if d is not None else None for s, d in zip(spec.shape, data.shape)],
+                       spec.dtype)
+
+
+def _same_structure(input_spec, features_spec) -> bool:
+  if features_spec is None:
+    return False
+  try:
+    tf.nest.assert_same_structure(input_spec, features_spec)
+  except (TypeError, ValueError):
+    return False
+  return True
+
+
+def _shapes(inputs) -> str:
+  return ", ".join(str(list(np.shape(leaf))) for leaf in tf.nest.flatten(inputs))
+
+
+def _fits(examples, input_spec) -> bool:
+  """Whether `examples` can be served as they are (the same structure, dtypes, ranks)."""
+  try:
+    tf.nest.assert_same_structure(examples, input_spec)
+  except (TypeError, ValueError):
+    return False
+  return all(tf.as_dtype(leaf.dtype) == spec.dtype and spec.shape.rank == len(leaf.shape)
+             and spec.shape[1:].is_compatible_with(leaf.shape[1:])
+             for leaf, spec in zip(tf.nest.flatten(examples), tf.nest.flatten(input_spec)))
+
+
+def _made_up(spec):
+  """Two inputs of `spec`, 7 long in each open dimension: zeros (integers, indices in
+  range), or a fixed normal draw (floats)."""
+  shape = [2, *[7 if d is None else d for d in spec.shape[1:]]]
+  if spec.dtype.is_floating:
+    return tf.constant(np.random.default_rng(0).normal(size=shape), spec.dtype)
+  return tf.zeros(shape, spec.dtype)
+
+
+def _fixed_where_data_varies(input_spec, features_spec) -> str | None:
+  """'dimension 1 of inputs (169)' where the served input fixes what the data leaves
+  None; None if nothing (or the export serves something other than the features)."""
+  if not _same_structure(input_spec, features_spec):
+    return None
+  for served, data in zip(tf.nest.flatten(input_spec), tf.nest.flatten(features_spec)):
+    if served.shape.rank != data.shape.rank:
+      continue
+    for axis in range(1, data.shape.rank or 0):
+      if data.shape[axis] is None and served.shape[axis] is not None:
+        return f"dimension {axis} of {served.name or 'the input'} at {served.shape[axis]}"
+  return None

@@ -19,10 +19,13 @@ symbolic link loop); `check_writable` finds a read-only directory at start-up,
 not at the first save after the training.
 """
 import json
+import math
 import os
 import re
 import tempfile
 import time
+
+from absl import logging
 
 from trainer.state import storage
 from trainer.errors import StorageError, UserError
@@ -189,11 +192,28 @@ def _read_json(path: str):
     return None
 
 
+def json_text(value, what: str, **options) -> str:
+  """`value` as strict JSON: a non-finite float (an eval value that is NaN) is written
+  as null, and said in the log (naming `what` and the key), never as bare NaN, which
+  no JSON parser but Python's reads."""
+  def finite(item, key):
+    if isinstance(item, float) and not math.isfinite(item):
+      logging.warning("%s: %s is %s (not finite); written as null", what, key, item)
+      return None
+    if isinstance(item, dict):
+      return {k: finite(v, f"{key}.{k}" if key else k) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+      return [finite(v, f"{key}[{i}]") for i, v in enumerate(item)]
+    return item
+  return json.dumps(finite(value, ""), allow_nan=False, **options)
+
+
 def write_json(path: str, value: dict) -> None:
   """Write-then-rename: readers never see half a file. A full disk or a denied
-  write raises StorageError (one line) and leaves the previous file as it was."""
+  write raises StorageError (one line) and leaves the previous file as it was.
+  Strict JSON: a non-finite value is null (`json_text`)."""
   temporary = path + ".tmp"
-  text = json.dumps(value, indent=2, sort_keys=True) + "\n"
+  text = json_text(value, os.path.basename(path), indent=2, sort_keys=True) + "\n"
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(temporary, "w") as f:
