@@ -150,7 +150,8 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       return continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
-          stopped=preemption.requested).run()
+          stopped=preemption.requested,
+          finished=lambda: layout.final_step(model_dir, config.train.steps)).run()
     position = (trainer.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:

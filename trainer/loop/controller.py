@@ -44,7 +44,7 @@ from trainer.state.train_state import Position, TrainState
 from trainer.task import preprocess
 from trainer.task import user_code
 from trainer.task.state import TaskState
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeHung, UserError
 
 
 _PROBE_EXAMPLES = 8  # training examples the start-up checks and TensorBoard's samples use
@@ -81,6 +81,8 @@ class Trainer:
     self.strategy = strategy
     self.train_source, self.eval_source = splits
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
+    for action in self._user_actions:  # a blocked Action cannot keep the job from ending
+      action.guard = self._run_user_action
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     # A few real training examples: the task's input spec, the start-up checks, samples.
     self._probe = next(iter(self._train_dataset(start_example=0, stream="probe",
@@ -199,6 +201,7 @@ class Trainer:
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
+      layout.clear_finished(self.model_dir)  # training again: not finished until it ends
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
     self.mlflow_log.start(config.to_dict())
     self.summaries.describe_run(position.step, config.to_dict())
@@ -293,6 +296,7 @@ class Trainer:
     schedule.at_phase("summary", self._boundary(position.step, train_metrics))
     if self.is_chief:
       layout.write_json(layout.summary_path(self.model_dir), summary)
+      layout.write_finished(self.model_dir, position.step, total, stopped_by=self._stopped_by)
     self.summaries.close()
     return summary
 
@@ -357,6 +361,40 @@ class Trainer:
       logging.info("action %s decided to stop at step %d: saved; finishing as at the last "
                    "step", self._stopped_by, position.step)
     return stop
+
+  def _run_user_action(self, action, boundary) -> str | None:
+    """A user's Action, bounded (trainer/task/user_code.py): left running after a signal
+    (its boundary's step saved, exit 42) or past train.action_timeout_seconds (exit 1)."""
+    limit = self.config.train.action_timeout_seconds
+    try:
+      return user_code.bounded(action.function, boundary, what=f"action {action.name!r}",
+                               limit_seconds=limit, stop_requested=preemption.requested)
+    except user_code.Abandoned as abandoned:
+      position = getattr(self, "_position", None)
+      on_disk, unsaved = self.train_state.latest_step(), ""
+      if (position is not None and position.step == boundary.step and not self._read_only
+          and position.step != on_disk):
+        if self.coordinator or runtime.num_workers(self.strategy) == 1:
+          try:  # the weights are the boundary's: the Action runs after the loop
+            self.save(position)
+            self.train_state.wait()
+            on_disk = position.step
+          except StorageError as e:
+            unsaved = str(e)
+        else:  # a save is a collective: the other workers may be elsewhere
+          unsaved = "other workers may be inside the Action: no agreed save"
+      if abandoned.signalled:
+        logging.warning("%s at step %d did not return within %.0f s of the signal: left "
+                        "running", abandoned.what, boundary.step, user_code.SIGNAL_GRACE_SECONDS)
+        if unsaved:
+          raise Preempted(boundary.step, unsaved=unsaved, last_complete=on_disk) from None
+        raise Preempted(on_disk) from None
+      disk = (f"step {on_disk} is saved" if on_disk == boundary.step and not unsaved else
+              f"the last checkpoint (step {on_disk}) is intact" if on_disk is not None else
+              "no checkpoint yet")
+      raise UserCodeHung(f"{abandoned.what} did not return within {limit:g} s at step "
+                         f"{boundary.step} (train.action_timeout_seconds): {disk}; ended the "
+                         f"run with it still running") from None
 
   def _boundary(self, step: int, train_metrics: dict) -> actions_module.Boundary:
     return actions_module.Boundary(
