@@ -233,6 +233,8 @@ def write_json(path: str, value: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(temporary, "w") as f:
       f.write(text)
+      f.flush()
+      os.fsync(f.fileno())  # on disk before it is renamed into place (and before a quick exit)
     os.replace(temporary, path)
   except OSError as e:
     if storage.reason(e) is None:
