@@ -28,8 +28,9 @@ else, including failures beyond --max_restarts restarts. Once a signal was
 forwarded, trainers that end with 0, 42 or death by that very signal (one still
 starting up) make the job 42 unless all of them finished (0): the latest complete
 checkpoint is on disk and the same command resumes from it. A worker still running
-15 s after another one ended (stuck in a collective on it) is killed: the launcher
-ends when its processes end. A trainer flag
+15 s after another one ended (stuck in a collective on it) is killed, and one that fails
+(its collective aborted) after another exited 42 leaves the job 42: the launcher ends
+when its processes end. A trainer flag
 --preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
 exit N when preempted, and so does the job.
 """
@@ -243,6 +244,8 @@ class Launcher:
       if code == EXIT_BAD_INPUT:
         return code  # bad input is the same on a retry
       if code not in (None, EXIT_OK, self.preempted) and not self._stopped_by_signal(code):
+        if self._stopping and self.preempted in codes:
+          continue  # its collective failed on a peer that stopped (42): the job is preempted
         raise GroupFailed(f"{task.name} {_describe(code)}")
     if None in codes:
       if self._stopping and any(code is not None for code in codes):
