@@ -64,7 +64,7 @@ class Trainer:
           SIGTERM/SIGINT/SIGHUP agreed by all workers -> save this step, wait, exit 42
           evaluate if due (and keep the best)
           checkpoint if due by steps, or by the chief's clock (async)
-      wait for saves; final eval; export; summary.json
+      wait for saves; final eval; export; summary.json; finished.json (what waiters read)
       (a signal agreed right after the restore, or before the final eval or the
        export, also exits 42: the step is on disk; see trainer/cluster/preemption.py)
 
