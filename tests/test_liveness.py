@@ -85,6 +85,46 @@ def test_two_workers_one_blocked_in_an_action_end_on_sigterm(tmp_path):
   assert "action 'block_on_worker_1_at_20' at step 20 did not return" in job.output
 
 
+class _Process:
+  """A worker process as the launcher polls it: `code` None while it runs."""
+
+  def __init__(self, code):
+    self.code, self.killed = code, False
+
+  def poll(self):
+    return self.code
+
+  def send_signal(self, signum):
+    if signum == signal.SIGKILL:
+      self.kill()
+
+  def wait(self, timeout=None):
+    del timeout
+    return self.code
+
+  def kill(self):
+    self.killed, self.code = True, -9
+
+
+@pytest.mark.parametrize("other", [None, 1])  # still stuck, or its collective aborted
+def test_the_launcher_ends_when_one_worker_stopped_and_the_other_is_stuck(monkeypatch, other):
+  """Catches: a launcher waiting forever (or failing the job) for a worker stuck in a
+  collective on a peer that stopped with 42 after a forwarded signal."""
+  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
+  launcher = launch.Launcher("trainer", [], num_workers=2, num_ps=0, max_restarts=0)
+  launcher.tasks = [launch.Task("worker", 0, "", _Process(other)),
+                    launch.Task("worker", 1, "", _Process(42))]
+  launcher._stopping = True  # pylint: disable=protected-access
+  clock = [0.0]
+  monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+  check = launcher._check_synchronous  # pylint: disable=protected-access
+  if other is None:
+    assert check() is None  # the others get time to save and exit
+    clock[0] = launch._STRAGGLER_SEC  # pylint: disable=protected-access
+  assert check() == 42
+  assert launcher.tasks[0].process.killed == (other is None)
+
+
 # -- defect 8: a finished run is recorded, and every waiter reads it -----------------
 
 class _Finished:

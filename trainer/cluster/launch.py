@@ -28,7 +28,7 @@ else, including failures beyond --max_restarts restarts. Once a signal was
 forwarded, trainers that end with 0, 42 or death by that very signal (one still
 starting up) make the job 42 unless all of them finished (0): the latest complete
 checkpoint is on disk and the same command resumes from it. A worker still running
-15 s after another one ended (stuck in a collective on it) is killed, and one that fails
+60 s after another one ended (stuck in a collective on it) is killed, and one that fails
 (its collective aborted) after another exited 42 leaves the job 42: the launcher ends
 when its processes end. A trainer flag
 --preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
@@ -56,7 +56,7 @@ _GRACE_SEC = 5.0  # servers get SIGTERM, then SIGKILL after this
 # After a forwarded signal, once one worker ended, the others have this long to end too:
 # one left may wait forever in a collective on the one gone (a user's Action that blocked
 # on one worker: trainer/task/user_code.py); then it is killed and the job is preempted.
-_STRAGGLER_SEC = 15.0
+_STRAGGLER_SEC = 60.0  # longer than a preemption save: the chief may still be writing
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
@@ -250,7 +250,8 @@ class Launcher:
     if None in codes:
       if self._stopping and any(code is not None for code in codes):
         now = time.monotonic()
-        self._first_ended_at = self._first_ended_at or now
+        if self._first_ended_at is None:
+          self._first_ended_at = now
         if now - self._first_ended_at >= _STRAGGLER_SEC:
           left = [t.name for t, code in zip(self.tasks, codes) if code is None]
           _log(f"{', '.join(left)} still running {_STRAGGLER_SEC:.0f} s after the others "
