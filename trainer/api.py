@@ -20,6 +20,7 @@ step on disk, as on the command line. Logs go to stderr at INFO level.
 import contextlib
 import os
 import re
+import sys
 
 from absl import logging
 
@@ -67,6 +68,10 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
       if translated is None:
         raise
       raise translated from None
+    finally:  # the CLI leaves without them (os._exit); a Python caller's process goes on
+      controller = sys.modules.get("trainer.loop.controller")
+      if controller is not None:
+        controller.join_teardowns()
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,

@@ -67,24 +67,22 @@ def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
-  # Each failure is turned into (code, line) inside its except block and the process
-  # leaves after it without the interpreter's teardown (`_leave`): a live traceback can hold a tf.data iterator whose reads run in
-  # tf.numpy_function, and one still alive when the interpreter finalizes can
-  # deadlock the exit (its thread waits for the GIL forever).
+  # Each failure leaves inside its except block, without the interpreter's teardown
+  # (`_leave`): its traceback holds the loop's frames and their tf.data iterators, whose
+  # teardown waits for tf.data's threads (seconds, or a deadlock on the GIL when their
+  # reads run in tf.numpy_function).
   try:
     _leave(_run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value))
   except Preempted as e:
     _report_preempted(e)
-    code, line = errors.preempted_exit_code(), None
+    _leave(errors.preempted_exit_code())
   except Exception as e:  # pylint: disable=broad-except
     error = api.translate(e) or e
     code = exit_code(error)
-    line = None if code == EXIT_FAILURE and error is e and not _one_line(e) else str(error)
-    if line is None:
+    if code == EXIT_FAILURE and error is e and not _one_line(e):
       traceback.print_exc()
-  if line is not None:
-    _fail(code, line, immediately=True)
-  _leave(code)
+      _leave(code)
+    _fail(code, str(error), immediately=True)
 
 
 def _leave(code: int) -> None:
