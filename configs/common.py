@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.clip_grad_norm = 0.0    # clip the reduced gradient to this global norm; 0 = off
   config.train.nonfinite_policy = "stop"  # NaN/Inf loss or weights: stop (exit 1) | rollback
   config.train.max_rollbacks = 3       # rollback: times to restore the last good checkpoint and skip ahead
+  config.train.action_timeout_seconds = 600.0  # a user Action (train.actions) that has not returned after this long ends the run (exit 1, one line naming it; the step saved on one process); 0 = no limit. A signal ends a blocked Action within seconds (exit 42)
 
   config.eval = ml_collections.ConfigDict()
   config.eval.interval = 100           # steps between evals in train_and_eval; 0 = only at the end

@@ -21,6 +21,7 @@ step on disk, as on the command line. Logs go to stderr at INFO level.
 import contextlib
 import os
 import re
+import sys
 
 from absl import logging
 
@@ -68,6 +69,10 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
       if translated is None:
         raise
       raise translated from None
+    finally:  # the CLI leaves without them (os._exit); a Python caller's process goes on
+      controller = sys.modules.get("trainer.loop.controller")
+      if controller is not None:
+        controller.join_teardowns()
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,
@@ -151,7 +156,8 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
       return continuous_eval.ContinuousEval(
           trainer, final_step=config.train.steps, poll_seconds=config.eval.poll_seconds,
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
-          stopped=preemption.requested).run()
+          stopped=preemption.requested,
+          finished=lambda: layout.final_step(model_dir, config.train.steps)).run()
     position = (trainer.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:

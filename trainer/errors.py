@@ -43,6 +43,11 @@ class UserCodeError(Exception):
                          f"and run the same command again to resume from there")
 
 
+class UserCodeHung(Exception):
+  """A user's Action did not return within train.action_timeout_seconds: exit 1, one line
+  naming it, the step, and what is on disk."""
+
+
 class Preempted(BaseException):
   """SIGTERM/SIGINT/SIGHUP: exit 42, run the same command again to resume.
 

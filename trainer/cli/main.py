@@ -28,11 +28,13 @@ from trainer.cli import config_file
 from trainer.cli import logs
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
+from trainer.loop import progress
 from trainer.state import model_dir as layout
 from trainer.task import validation
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserCodeHung
+from trainer.errors import UserError
 from trainer.errors import exit_code
 
 MODES = api.MODES
@@ -65,33 +67,43 @@ def main(argv):
   if len(argv) > 1:
     _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
-  # Each failure is turned into (code, line) inside its except block and the process
-  # exits after it: a live traceback can hold a tf.data iterator whose reads run in
-  # tf.numpy_function, and one still alive when the interpreter finalizes can
-  # deadlock the exit (its thread waits for the GIL forever).
-  immediately = False
+  # Each failure leaves inside its except block, without the interpreter's teardown
+  # (`_leave`): its traceback holds the loop's frames and their tf.data iterators, whose
+  # teardown waits for tf.data's threads (seconds, or a deadlock on the GIL when their
+  # reads run in tf.numpy_function).
   try:
-    return _run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value)
+    _leave(_run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value))
   except Preempted as e:
     _report_preempted(e)
-    code, line = errors.preempted_exit_code(), None
+    _leave(errors.preempted_exit_code())
   except Exception as e:  # pylint: disable=broad-except
     error = api.translate(e) or e
     code = exit_code(error)
-    line = None if code == EXIT_FAILURE and error is e and not _one_line(e) else str(error)
-    # tf.data threads may still be inside the source's __getitem__: leave at once.
-    immediately = isinstance(error, api.DataErrorInTfData)
-    if line is None:
+    if code == EXIT_FAILURE and error is e and not _one_line(e):
       traceback.print_exc()
-  if line is not None:
-    _fail(code, line, immediately=immediately)
-  sys.exit(code)
+      _leave(code)
+    _fail(code, str(error), immediately=True)
+
+
+def _leave(code: int) -> None:
+  """Exits now that every file of the run is written and closed (the Trainer closed its
+  checkpoints and event files; JSON files are fsynced when written). An interpreter
+  exit would first tear down tf.data's iterators and their threads, 20-80 s on a
+  busy machine (issue 31), and a thread of a user's Action left running could hold it
+  forever: nothing is left to do that must wait for them."""
+  progress.finish()
+  for handler in logging.get_absl_logger().handlers + [logging.get_absl_handler()]:
+    handler.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 
 def _one_line(error: Exception) -> bool:
   """Errors whose message is the whole story (no traceback)."""
   return isinstance(error, (UserError, input_pipelines.DataError, NonFiniteError,
-                            continuous_eval.Unfinished, StorageError, UserCodeError))
+                            continuous_eval.Unfinished, StorageError, UserCodeError,
+                            UserCodeHung))
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
@@ -190,9 +202,7 @@ def _fail(code: int, error, immediately: bool = False) -> None:
   message = " ".join(str(error).split())
   print(f"distloop: error: {message}", file=sys.stderr)
   if immediately:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access
+    _leave(code)
   sys.exit(code)
 
 

@@ -27,7 +27,10 @@ Exit codes are the job's: 0 done, 2 bad input (never retried), 42 preempted
 else, including failures beyond --max_restarts restarts. Once a signal was
 forwarded, trainers that end with 0, 42 or death by that very signal (one still
 starting up) make the job 42 unless all of them finished (0): the latest complete
-checkpoint is on disk and the same command resumes from it. A trainer flag
+checkpoint is on disk and the same command resumes from it. A worker still running
+60 s after another one ended (stuck in a collective on it) is killed, and one that fails
+(its collective aborted) after another exited 42 leaves the job 42: the launcher ends
+when its processes end. A trainer flag
 --preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
 exit N when preempted, and so does the job.
 """
@@ -50,6 +53,10 @@ from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 
 _POLL_SEC = 0.1
 _GRACE_SEC = 5.0  # servers get SIGTERM, then SIGKILL after this
+# After a forwarded signal, once one worker ended, the others have this long to end too:
+# one left may wait forever in a collective on the one gone (a user's Action that blocked
+# on one worker: trainer/task/user_code.py); then it is killed and the job is preempted.
+_STRAGGLER_SEC = 60.0  # longer than a preemption save: the chief may still be writing
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
@@ -158,6 +165,7 @@ class Launcher:
     self._signals: list[int] = []  # received, not yet forwarded
     self._stopping = False  # a signal was forwarded: let the job end, restart nothing
     self._forwarded: set[int] = set()
+    self._first_ended_at = None  # when a worker first ended after a forwarded signal
 
   def run(self) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -236,8 +244,20 @@ class Launcher:
       if code == EXIT_BAD_INPUT:
         return code  # bad input is the same on a retry
       if code not in (None, EXIT_OK, self.preempted) and not self._stopped_by_signal(code):
+        if self._stopping and self.preempted in codes:
+          continue  # its collective failed on a peer that stopped (42): the job is preempted
         raise GroupFailed(f"{task.name} {_describe(code)}")
     if None in codes:
+      if self._stopping and any(code is not None for code in codes):
+        now = time.monotonic()
+        if self._first_ended_at is None:
+          self._first_ended_at = now
+        if now - self._first_ended_at >= _STRAGGLER_SEC:
+          left = [t.name for t, code in zip(self.tasks, codes) if code is None]
+          _log(f"{', '.join(left)} still running {_STRAGGLER_SEC:.0f} s after the others "
+               f"stopped: killed (the latest complete checkpoint is where the job resumes)")
+          self._stop(signal.SIGKILL)
+          return self.preempted
       return None
     if self._stopping:  # asked to stop: anything short of all done is "run me again"
       return EXIT_OK if set(codes) == {EXIT_OK} else self.preempted

@@ -23,6 +23,10 @@ bare signal death. What the handler does, and who reads the flag when, is per ph
   in a collective the others never join. The loop then saves that step, waits
   for the write and exits 42. Multi-worker start-up after the runtime starts
   defers to the first such agreed check (right after the restore);
+- user code at a boundary (an Action) runs in a thread of its own while the main
+  thread watches the flag (trainer/task/user_code.py `bounded`): one that has not
+  returned a few seconds after the signal is left running, the boundary's step is
+  saved (one process) and the run exits 42, as a hung plug-in at start-up does;
 - after the loop: agreed checks before the final eval and before the export.
   A signal during the export lets it finish (seconds) and the run exits 0.
 

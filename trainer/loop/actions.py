@@ -21,6 +21,12 @@ is agreed across workers (any worker deciding decides for all), so every worker
 acts at the same step. Every worker runs every action (write files on the chief
 only: `boundary.is_chief`).
 
+A user's Action runs in a thread of its own while the main thread keeps the signal
+protocol (trainer/task/user_code.py `bounded`): one that blocks cannot keep the job
+from ending. A signal ends it within seconds (the boundary's step saved, exit 42);
+one that has not returned after train.action_timeout_seconds ends the run (exit 1),
+in one line naming it and the step.
+
 distloop's own periodic work -- the progress line and TensorBoard, eval, keep-best,
 the checkpoint by steps and by clock, the profile window -- is made of the same
 Actions (trainer/loop/controller.py, `Trainer._builtin_actions`). User actions come from
@@ -79,6 +85,9 @@ class Action:
     self.phase = phase
     self.name = name or getattr(function, "__name__", type(function).__name__)
     self.timer = periodic.AfterSeconds(every_seconds, clock) if every_seconds else None
+    # guard(action, boundary) -> decision: how the Trainer runs a user's function (under
+    # the signal protocol and train.action_timeout_seconds); None: called directly.
+    self.guard = None
 
   def next_step(self, step: int, last_step: int) -> int:
     """The next step after `step` at which a boundary must exist for this action."""
@@ -95,7 +104,7 @@ class Action:
 
   def run(self, boundary: Boundary) -> str | None:
     try:
-      decision = self.function(boundary)
+      decision = self.guard(self, boundary) if self.guard else self.function(boundary)
     except Exception as error:  # pylint: disable=broad-except  (one line if the user's)
       user_code.action_failed(self.name, boundary.step, error)
     if self.timer is not None:

@@ -7,6 +7,8 @@ It never writes, moves or deletes anything in checkpoints/.
 
     evaluated = none
     until the final step (>= train.steps) is evaluated:
+        training finished below train.steps (finished.json: an early stop)? that
+            step is the final one (read before listing: its checkpoint is on disk first)
         steps = the committed steps on disk now (re-listed: orbax caches its list)
         for each step newer than the last one seen, in increasing order:
             gone or unreadable (retention deleted it first)? warn, skip it
@@ -22,8 +24,8 @@ step, keep checkpoint.max_to_keep above the number of checkpoints written during
 
 Pure Python: the trainer is passed in (anything with `checkpoints.reload()`,
 `checkpoints.all_steps()`, `checkpoints.directory`, `restore(step)` and
-`evaluate(step)`), and so are the clock, sleep and the stop request, so a test
-can fake all of them.
+`evaluate(step)`), and so are the clock, sleep, the stop request and the read of
+finished.json (`finished`), so a test can fake all of them.
 """
 import os
 import time
@@ -49,7 +51,8 @@ class ContinuousEval:
   def __init__(self, trainer, *, final_step: int, poll_seconds: float, timeout_seconds: float,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep,
-               stopped: Callable[[], bool] = lambda: False):
+               stopped: Callable[[], bool] = lambda: False,
+               finished: Callable[[], int | None] = lambda: None):
     self.trainer = trainer
     self.final_step = final_step
     self.poll_seconds = poll_seconds
@@ -57,6 +60,7 @@ class ContinuousEval:
     self._clock = clock
     self._sleep = sleep
     self._stopped = stopped
+    self._finished = finished  # the step training ended at, once it says so (finished.json)
     self.evaluated: list[int] = []  # steps evaluated, in order
     self.skipped: list[int] = []    # steps seen but gone or unreadable
     self._last_seen: int | None = None
@@ -73,6 +77,7 @@ class ContinuousEval:
     while True:
       if self._stopped():  # nothing of ours to save: the next run evaluates what is left
         raise Preempted(self.evaluated[-1] if self.evaluated else None)
+      self._read_finished()
       new_steps = [step for step in self._steps_on_disk()
                    if self._last_seen is None or step > self._last_seen]
       if new_steps:
@@ -82,6 +87,13 @@ class ContinuousEval:
           return self.evaluated
         last_news = self._clock()
         continue  # evaluating took a while: look again before sleeping
+      if self._last_seen is not None and self._last_seen >= self.final_step:
+        if self.evaluated and self.evaluated[-1] == self._last_seen:  # seen before the record
+          logging.info("continuous_eval: training finished at step %d, evaluated",
+                       self.final_step)
+          return self.evaluated
+        raise Unfinished(f"continuous_eval: the final step {self.final_step} in {directory} "
+                         f"could not be read ({len(self.evaluated)} checkpoint(s) evaluated)")
       waited = self._clock() - last_news
       if self.timeout_seconds and waited >= self.timeout_seconds:
         last = (f"the last evaluated is step {self.evaluated[-1]}" if self.evaluated
@@ -92,6 +104,14 @@ class ContinuousEval:
             f"(eval.timeout_seconds, 0 = wait forever)")
       self._sleep(self.poll_seconds if not self.timeout_seconds
                   else min(self.poll_seconds, self.timeout_seconds - waited))
+
+  def _read_finished(self) -> None:
+    """Training ended below final_step (an early stop): that step is the final one."""
+    step = self._finished()
+    if step is not None and step < self.final_step:
+      logging.info("continuous_eval: training finished at step %d (finished.json); that is "
+                   "the final step", step)
+      self.final_step = step
 
   def _evaluate_in_order(self, new_steps: list[int]) -> bool:
     """Evaluates `new_steps` oldest first; True once the final step is evaluated."""

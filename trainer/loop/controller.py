@@ -17,6 +17,7 @@ rollback, progress, the datasets, export.
 import contextlib
 import math
 import os
+import threading
 import time
 from typing import Callable
 
@@ -45,7 +46,7 @@ from trainer.state.train_state import Position, TrainState
 from trainer.task import preprocess
 from trainer.task import user_code
 from trainer.task.state import TaskState
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserError
+from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeHung, UserError
 
 
 _PROBE_EXAMPLES = 8  # training examples the start-up checks and TensorBoard's samples use
@@ -65,7 +66,7 @@ class Trainer:
           SIGTERM/SIGINT/SIGHUP agreed by all workers -> save this step, wait, exit 42
           evaluate if due (and keep the best)
           checkpoint if due by steps, or by the chief's clock (async)
-      wait for saves; final eval; export; summary.json
+      wait for saves; final eval; export; summary.json; finished.json (what waiters read)
       (a signal agreed right after the restore, or before the final eval or the
        export, also exits 42: the step is on disk; see trainer/cluster/preemption.py)
 
@@ -82,6 +83,8 @@ class Trainer:
     self.strategy = strategy
     self.train_source, self.eval_source = splits
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
+    for action in self._user_actions:  # a blocked Action cannot keep the job from ending
+      action.guard = self._run_user_action
     self._preprocess = preprocess.resolve(config.data.preprocess, self.train_source)
     # A few real training examples: the task's input spec, the start-up checks, samples.
     probe = self._train_dataset(start_example=0, stream="probe",
@@ -207,6 +210,7 @@ class Trainer:
     self.mlflow_log.start(config.to_dict())  # may refuse (exit 2): before any write
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
+      layout.clear_finished(self.model_dir)  # training again: not finished until it ends
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
@@ -272,6 +276,7 @@ class Trainer:
         stopped_early = self._at_boundary(schedule, position, train_metrics, int(clock_bits))
 
     progress.finish()
+    batches = _dropped_off_the_main_thread(batches)
     self.train_state.wait()  # the final step is on disk before anything reports it
     if watcher.stop_agreed():
       raise Preempted(position.step)
@@ -302,6 +307,7 @@ class Trainer:
     schedule.at_phase("summary", self._boundary(position.step, train_metrics))
     if self.is_chief:
       layout.write_json(layout.summary_path(self.model_dir), summary)
+      layout.write_finished(self.model_dir, position.step, total, stopped_by=self._stopped_by)
     self.summaries.close()
     return summary
 
@@ -366,6 +372,40 @@ class Trainer:
       logging.info("action %s decided to stop at step %d: saved; finishing as at the last "
                    "step", self._stopped_by, position.step)
     return stop
+
+  def _run_user_action(self, action, boundary) -> str | None:
+    """A user's Action, bounded (trainer/task/user_code.py): left running after a signal
+    (its boundary's step saved, exit 42) or past train.action_timeout_seconds (exit 1)."""
+    limit = self.config.train.action_timeout_seconds
+    try:
+      return user_code.bounded(action.function, boundary, what=f"action {action.name!r}",
+                               limit_seconds=limit, stop_requested=preemption.requested)
+    except user_code.Abandoned as abandoned:
+      position = getattr(self, "_position", None)
+      on_disk, unsaved = self.train_state.latest_step(), ""
+      if (position is not None and position.step == boundary.step and not self._read_only
+          and position.step != on_disk):
+        if self.coordinator or runtime.num_workers(self.strategy) == 1:
+          try:  # the weights are the boundary's: the Action runs after the loop
+            self.save(position)
+            self.train_state.wait()
+            on_disk = position.step
+          except StorageError as e:
+            unsaved = str(e)
+        else:  # a save is a collective: the other workers may be elsewhere
+          unsaved = "other workers may be inside the Action: no agreed save"
+      if abandoned.signalled:
+        logging.warning("%s at step %d did not return within %.0f s of the signal: left "
+                        "running", abandoned.what, boundary.step, user_code.SIGNAL_GRACE_SECONDS)
+        if unsaved:
+          raise Preempted(boundary.step, unsaved=unsaved, last_complete=on_disk) from None
+        raise Preempted(on_disk) from None
+      disk = (f"step {on_disk} is saved" if on_disk == boundary.step and not unsaved else
+              f"the last checkpoint (step {on_disk}) is intact" if on_disk is not None else
+              "no checkpoint yet")
+      raise UserCodeHung(f"{abandoned.what} did not return within {limit:g} s at step "
+                         f"{boundary.step} (train.action_timeout_seconds): {disk}; ended the "
+                         f"run with it still running") from None
 
   def _boundary(self, step: int, train_metrics: dict) -> actions_module.Boundary:
     return actions_module.Boundary(
@@ -582,6 +622,29 @@ class Trainer:
   def close(self) -> None:
     self.train_state.close()
     self.summaries.close()
+
+
+TEARDOWNS = []  # threads dropping training iterators (see _dropped_off_the_main_thread)
+
+
+def _dropped_off_the_main_thread(iterator) -> None:
+  """Drops the training iterator in a thread of its own: its teardown waits for tf.data's
+  threads (1-3 s on a quiet machine, 20-80 s on a busy one: issue 31) and nothing after
+  the loop needs it; the CLI leaves (os._exit) without waiting for it, the Python API
+  waits for it before it returns (join_teardowns)."""
+  held = [iterator]
+  del iterator
+  thread = threading.Thread(target=held.clear, name="distloop: training iterator teardown",
+                            daemon=True)
+  thread.start()
+  TEARDOWNS.append(thread)
+
+
+def join_teardowns() -> None:
+  """Waits for the iterators dropped off the main thread (the Python API, before it returns:
+  a teardown still running when the interpreter finalizes could deadlock it)."""
+  while TEARDOWNS:
+    TEARDOWNS.pop().join()
 
 
 def _eta(remaining_steps: int, seconds_per_step: float) -> str:

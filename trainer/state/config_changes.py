@@ -7,7 +7,8 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               warmup_steps, lr_decay_steps, lr_decay_rate: the new schedule applies
               from the resumed step on, and cosine decays to 0 at the new
               train.steps); train.momentum, weight_decay, weight_decay_exclude,
-              clip_grad_norm, nonfinite_policy, max_rollbacks; train.global_batch_size
+              clip_grad_norm, nonfinite_policy, max_rollbacks,
+              action_timeout_seconds; train.global_batch_size
               (the data position is counted in examples: the stream goes on from the
               same example, in batches of the new size); train.steps_per_loop; eval.*; checkpoint.* (retention and
               intervals; init_from only applies to a fresh model_dir); runtime.*

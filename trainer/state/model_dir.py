@@ -9,6 +9,11 @@
   config_history/<UTC time>_step<N>.json   every config a run started with, from step N
                         (a new entry only when it differs from the previous one)
   summary.json          written when a run finishes
+  finished.json         written by the chief last, when training ended: {"step": the final
+                        step, "train_steps": the run's train.steps, "reason": "train.steps"
+                        or "stopped by <action>" (an Action's "stop", early_stop)};
+                        removed when a run trains here again. What every waiter reads
+                        (continuous_eval, the evaluator task: the final step is this one)
   .lock                 held by the writing trainer (trainer/state/writer_lock.py)
 
 `check_local` refuses a URL (`gs://`, `s3://`, any `scheme://`): the lock and the
@@ -33,7 +38,8 @@ from trainer.errors import StorageError, UserError
 LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
-_FILES = ("config.json", "summary.json", "metrics.csv", "mlflow_run.json", LOCK_NAME)
+_FILES = ("config.json", "summary.json", "finished.json", "metrics.csv", "mlflow_run.json",
+          LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
 
@@ -137,6 +143,37 @@ def summary_path(model_dir: str) -> str:
   return os.path.join(model_dir, "summary.json")
 
 
+def finished_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "finished.json")
+
+
+def write_finished(model_dir: str, step: int, train_steps: int, *,
+                   stopped_by: str | None = None) -> None:
+  """The run ended at `step` (the last write of a finished run)."""
+  write_json(finished_path(model_dir), {
+      "step": step, "train_steps": train_steps,
+      "reason": f"stopped by {stopped_by}" if stopped_by else "train.steps"})
+
+
+def clear_finished(model_dir: str) -> None:
+  try:
+    os.remove(finished_path(model_dir))
+  except FileNotFoundError:
+    pass
+
+
+def final_step(model_dir: str, train_steps: int) -> int | None:
+  """The step a run to `train_steps` ended at, if finished.json says it ended (an early
+  stop ends below train_steps; a record of a run to other train.steps is not this run's
+  unless it reached them)."""
+  record = _read_json(finished_path(model_dir))
+  if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+    return None
+  if record["step"] >= train_steps or record.get("train_steps") == train_steps:
+    return record["step"]
+  return None
+
+
 def metrics_csv_path(model_dir: str) -> str:
   return os.path.join(model_dir, "metrics.csv")
 
@@ -218,6 +255,8 @@ def write_json(path: str, value: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(temporary, "w") as f:
       f.write(text)
+      f.flush()
+      os.fsync(f.fileno())  # on disk before it is renamed into place (and before a quick exit)
     os.replace(temporary, path)
   except OSError as e:
     if storage.reason(e) is None:
@@ -241,12 +280,14 @@ def finished_step(model_dir: str, total_steps: int, config_dict: dict) -> int | 
   """The final step if a run of this model already finished here, else None.
 
   Finished means summary.json, the checkpoint and the export of a step >= total
-  steps all exist, and config.json names the same model and data; anything
+  steps (or of the step finished.json says a run to total steps stopped early at)
+  all exist, and config.json names the same model and data; anything
   less goes through the full path (which resumes, or refuses another model).
   """
   summary = read_summary(model_dir)
-  if not summary or summary.get("step", -1) < total_steps:
-    return None
+  if not summary or (summary.get("step", -1) < total_steps
+                     and final_step(model_dir, total_steps) != summary.get("step")):
+    return None  # short of train.steps, unless it stopped early there (finished.json)
   step = summary["step"]
   try:
     with open(config_path(model_dir)) as f:

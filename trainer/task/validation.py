@@ -93,6 +93,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   _one_of(config, "train.nonfinite_policy", NONFINITE_POLICIES)
   _non_negative(config, "train.max_rollbacks")
+  _non_negative(config, "train.action_timeout_seconds")
 
   _non_negative(config, "eval.interval")
   _positive(config, "eval.global_batch_size")
