@@ -63,12 +63,21 @@ def test_sigterm_resume_equals_uninterrupted(runs, name, replicas):
 @pytest.mark.parametrize("name, replicas", cells("sigkill"))
 def test_sigkill_resume_equals_uninterrupted(runs, name, replicas):
   """SIGKILL at step 35 loses the steps since the last complete checkpoint; the run that
-  resumes from it ends with the uninterrupted run's state."""
-  reference, _ = runs.uninterrupted(name, replicas)
+  resumes from it ends with the uninterrupted run's state, and reports its eval values
+  (which see state a checkpoint comparison cannot: EMA weights, a Task's variables)."""
+  reference, expected = runs.uninterrupted(name, replicas)
   run = runs.interrupted(name, replicas)
   assert run.restored % 10 == 0 and run.restored < run.killed_after, run
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(reference, catalogue.STEPS),
               RESUME_TOLERANCE, f"the end, after a SIGKILL at step {run.killed_after}")
+  with open(os.path.join(str(run.model_dir), "summary.json")) as f:
+    summary = json.load(f)
+  for key in _eval_values(expected):
+    assert summary[key] == pytest.approx(expected[key], abs=RESUME_TOLERANCE), (key, summary)
+
+
+def _eval_values(summary: dict) -> list[str]:
+  return [key for key in summary if key.startswith("eval_") and not key.endswith("_sec")]
 
 
 @pytest.mark.parametrize("name, replicas", cells("replicas_agree", replicas=(2,)))
@@ -92,8 +101,7 @@ def test_eval_equals_mode_eval(runs, name, replicas):
   assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   evaluated = json.loads(result.stdout.strip().splitlines()[-1])
   assert evaluated["step"] == catalogue.STEPS
-  reported = {key.removeprefix("eval_"): value for key, value in summary.items()
-              if key.startswith("eval_") and not key.endswith("_sec")}
+  reported = {key.removeprefix("eval_"): summary[key] for key in _eval_values(summary)}
   assert reported and reported.keys() <= evaluated.keys(), (reported, evaluated)
   for key, value in reported.items():
     assert evaluated[key] == pytest.approx(value, abs=EVAL_TOLERANCE), (key, evaluated, summary)

@@ -13,13 +13,18 @@ from tests import task_plugins
 
 
 class Counter(task_plugins.WithEma):
+  """Its eval also reports its own state (per-step scalars): the counter and how far the
+  averages are from the weights, so a resume that lost either reports other values."""
 
   def eval_step(self, batch):
     features, labels = batch
     logits = self.model(features)
+    gap = tf.add_n([tf.reduce_sum(tf.abs(average - weight)) for average, weight
+                    in zip(self.ema, self.model.trainable_variables)])
     return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits,
                                                                  from_logits=True),
-            "accuracy": tf.cast(tf.argmax(logits, -1) == labels, tf.float32)}
+            "accuracy": tf.cast(tf.argmax(logits, -1) == labels, tf.float32),
+            "updates": tf.cast(self.updates, tf.float32), "ema_gap": gap}
 
   def export(self):
     return trainer.Export(model=self.model, output_name="logits")
