@@ -123,6 +123,18 @@ def _served_gan(serve, replicas):
 
 _BATCHNORM_REPLICAS = ("BatchNormalization normalizes each replica's own slice in training "
                        "(Keras synchronized=False): 1 and 2 replicas train different models")
+# Found by this harness, not in issue 31: each replica's batch is padded to its own longest,
+# so the Embedding's sparse gradients (IndexedSlices) differ in rows between replicas, and
+# their all-reduce fails (exit 1, a traceback): "Shape mismatch in the collective instance
+# ... expected shape [6272,16] but another member ... [6336,16]". With
+# train.accumulation_steps > 1 the gradients are dense and it trains.
+_SPARSE_ON_TWO_REPLICAS = ("distloop bug (not in issue 31): sparse Embedding gradients of "
+                           "per-replica padded lengths fail the all-reduce on 2 replicas")
+# Found by this harness, not in issue 31: a --config file that imports TensorFlow (the
+# README's `--config=examples/gan.py`) lets TensorFlow's C++ start-up lines (oneDNN, cuInit,
+# ~9 lines, twice) through before the refusal's one line (the plug-ins' imports are silenced).
+_CONFIG_FILE_NOISE = ("distloop bug (not in issue 31): a config file importing TensorFlow "
+                      "prints its C++ start-up lines before the one line of exit 2")
 _GENERATOR_REPLICAS = ("a tf.random.Generator draws another stream on each replica; "
                        "step.normal is the noise that does not depend on the replica count")
 
@@ -140,7 +152,12 @@ CATALOGUE = [
                                 "--config.model.name=tests.batchnorm_plugins:conv_batchnorm",
                                 "--config.data.name=tests.batchnorm_plugins:images", *SGD),
              served=_served_batchnorm,
-             not_applicable={"replicas_agree": _BATCHNORM_REPLICAS}),
+             not_applicable={"replicas_agree": _BATCHNORM_REPLICAS},
+             # The eval reported in training differs from the eval of the saved state by
+             # ~4e-6 (so does a resumed run's), the weights equal to 1e-6.
+             known_defects={(check, 2): "issue 31 defect 5: on 2 replicas a BatchNorm "
+                                        "model's eval in training is not its checkpoint's"
+                            for check in ("eval", "export", "sigkill")}),
     Workload("two_heads", ("--config=synthetic",
                            "--config.model.name=tests.multi_output_plugins:two_heads",
                            "--config.data.name=tests.multi_output_plugins:arrays",
@@ -155,10 +172,14 @@ CATALOGUE = [
                                  "--config.data.name=tests.sequence_plugins:numpy_sequences",
                                  "--config.data.pad_to=longest", *SGD),
              served=_served_sequences,
-             known_defects={("export", None): "issue 31 defect 4: the export's input is "
-                                              "fixed at the first probe batch's length"}),
+             known_defects={("export", 1): "issue 31 defect 4: the export's input is "
+                                           "fixed at the first probe batch's length",
+                            **{(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
+                               ("sigterm", "sigkill", "replicas_agree", "eval")},
+                            ("export", 2): f"{_SPARSE_ON_TWO_REPLICAS}; then issue 31 defect 4"}),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
-    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan),
+    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
+             known_defects={("refused", None): _CONFIG_FILE_NOISE}),
     # A Task's own variables: a step counter and moving averages the step assigns.
     Workload("task_counter", ("--config=synthetic",
                               "--config.train.task=tests.guarantees.workloads:Counter", *SGD),
@@ -168,9 +189,10 @@ CATALOGUE = [
              ("--config=synthetic",
               "--config.train.task=tests.guarantees.workloads:LayerAndGenerator", *SGD),
              not_applicable={"replicas_agree": _GENERATOR_REPLICAS},
+             # eval: --mode=eval of the saved step has a freshly initialized layer.
              known_defects={(check, None): "issue 31 defect 1: a layer attribute and a "
                                            "generator are not checkpointed"
-                            for check in ("sigterm", "sigkill")}),
+                            for check in ("sigterm", "sigkill", "eval")}),
     # Decoupled weight decay, a moving average served by eval and export, 2 micro-batches.
     Workload("adamw_ema_accumulation",
              ("--config=synthetic", "--config.model.conv_filters=6",

@@ -79,8 +79,15 @@ class Runs:
     self._cache = {}
 
   def _once(self, key, make):
+    """make() once per session; a failure too is kept, and fails every check that needs it."""
     if key not in self._cache:
-      self._cache[key] = make()
+      try:
+        self._cache[key] = make()
+      except BaseException as e:  # pylint: disable=broad-except
+        self._cache[key] = e
+        raise
+    if isinstance(self._cache[key], BaseException):
+      raise AssertionError(f"{key} failed earlier in this session") from self._cache[key]
     return self._cache[key]
 
   def _dir(self, *parts):
