@@ -176,6 +176,16 @@ CATALOGUE = [
              # every length today (issue 31 defect 4 needs a builder that uses input_spec).
              known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
                             ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
+    # The same tokens into a GRU whose Input takes its shape from input_spec.
+    Workload("variable_length_gru",
+             ("--config=synthetic", "--config.model.name=tests.guarantees.workloads:embedding_gru",
+              "--config.data.name=tests.sequence_plugins:numpy_sequences",
+              "--config.data.pad_to=longest", *SGD),
+             served=_served_sequences,
+             known_defects={("export", 1): "issue 31 defect 4: input_spec and the export's "
+                                           "input are fixed at the probe batch's length",
+                            **{(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
+                               ("sigterm", "sigkill", "replicas_agree", "eval", "export")}}),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
     Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
              known_defects={("refused", None): _CONFIG_FILE_NOISE}),

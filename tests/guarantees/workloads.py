@@ -69,3 +69,12 @@ class LayerAndGenerator(Counter):
     return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits,
                                                                  from_logits=True),
             "accuracy": tf.cast(tf.argmax(logits, -1) == labels, tf.float32)}
+
+
+def embedding_gru(model_config, input_spec):
+  """Embedding(mask_zero) -> GRU -> logits, its Input shaped by `input_spec` as a user
+  writes it: the builder is told what length the data has (None: any)."""
+  del model_config
+  tokens = keras.Input(shape=input_spec.shape[1:], dtype=input_spec.dtype)
+  embedded = keras.layers.Embedding(50, 8, mask_zero=True)(tokens)
+  return keras.Model(tokens, keras.layers.Dense(2)(keras.layers.GRU(8)(embedded)))
