@@ -1,0 +1,148 @@
+"""The trained runs the checks share: each (workload, replicas) is trained once per session.
+
+`runs.uninterrupted(name, replicas)` -> (model_dir, summary): trained to the end
+(eval, export, summary.json), every 10th step kept. `runs.interrupted(name, replicas)`
+-> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
+step 35, resumed again to the end; one model_dir, three processes, both resume checks.
+`runs.sgd(name, replicas)`: the uninterrupted run, or with the workload's `sgd_flags`.
+Weights are read in this process with plain orbax (`arrays`).
+"""
+import dataclasses
+import json
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+
+from tests.cli import run_trainer
+from tests.guarantees import catalogue
+from tests.processes import TrainerProcess
+
+# One intra-op thread in every run, whatever the machine: a replica's summation order then
+# depends on its batch, not on the cores it shares (README: cluster-shape invariance).
+ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
+TIMEOUT = 300
+
+
+def replica_flags(replicas: int) -> tuple[str, ...]:
+  if replicas == 1:
+    return ()
+  return ("--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices={replicas}")
+
+
+def flags(workload, replicas: int, *extra: str) -> list[str]:
+  return [*workload.flags, *catalogue.COMMON, *replica_flags(replicas), *extra]
+
+
+def trainer_run(model_dir, *args: str):
+  return run_trainer(model_dir, *args, timeout=TIMEOUT, env=ENV)
+
+
+def arrays(model_dir, step: int) -> dict:
+  """{'model/...': array, 'optimizer/...': array} of checkpoints/<step>, by plain orbax."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  flat = {}
+
+  def walk(node, path):
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f"{path}/{key}")
+      else:
+        flat[f"{path}/{key}"] = np.asarray(value)
+
+  for item in ("model", "optimizer"):
+    item_dir = os.path.join(str(model_dir), "checkpoints", str(step), item)
+    if os.path.isdir(item_dir):
+      walk(ocp.PyTreeCheckpointer().restore(item_dir), item)
+  return flat
+
+
+def complete_steps(model_dir) -> list[int]:
+  directory = os.path.join(str(model_dir), "checkpoints")
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+@dataclasses.dataclass
+class Interrupted:
+  model_dir: object
+  stopped_at: int    # the step SIGTERM saved (exit 42)
+  killed_after: int  # the step logged when SIGKILL came
+  restored: int      # the step the run after SIGKILL resumed from
+
+
+class Runs:
+
+  def __init__(self, tmp_path_factory):
+    self._factory = tmp_path_factory
+    self._cache = {}
+
+  def _once(self, key, make):
+    """make() once per session; a failure too is kept, and fails every check that needs it."""
+    if key not in self._cache:
+      try:
+        self._cache[key] = make()
+      except BaseException as e:  # pylint: disable=broad-except
+        self._cache[key] = e
+        raise
+    if isinstance(self._cache[key], BaseException):
+      raise AssertionError(f"{key} failed earlier in this session") from self._cache[key]
+    return self._cache[key]
+
+  def _dir(self, *parts):
+    return self._factory.mktemp("_".join(str(part) for part in parts))
+
+  def uninterrupted(self, name: str, replicas: int):
+    def make():
+      model_dir = self._dir(name, replicas, "uninterrupted")
+      result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], replicas))
+      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      with open(os.path.join(model_dir, "summary.json")) as f:
+        summary = json.load(f)
+      assert summary["step"] == catalogue.STEPS and summary["num_replicas"] == replicas
+      return model_dir, summary
+    return self._once(("uninterrupted", name, replicas), make)
+
+  def sgd(self, name: str, replicas: int):
+    workload = catalogue.BY_NAME[name]
+    if not workload.sgd_flags:
+      return self.uninterrupted(name, replicas)[0]
+
+    def make():
+      model_dir = self._dir(name, replicas, "sgd")
+      result = trainer_run(model_dir, *flags(workload, replicas, *workload.sgd_flags))
+      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      return model_dir
+    return self._once(("sgd", name, replicas), make)
+
+  def interrupted(self, name: str, replicas: int) -> Interrupted:
+    def make():
+      model_dir = self._dir(name, replicas, "interrupted")
+      args = flags(catalogue.BY_NAME[name], replicas)
+      stopped = TrainerProcess(model_dir, *args, env=ENV)
+      code = stopped.stop_at(rf"step 5/{catalogue.STEPS}", timeout=TIMEOUT)
+      assert code == 42, f"SIGTERM: exit {code}\n{stopped.output[-3000:]}"
+      stopped_at = int(re.search(r"preempted at step (\d+)", stopped.output).group(1))
+
+      killed = TrainerProcess(model_dir, *args, env=ENV)
+      try:
+        killed.wait_for(rf"step 35/{catalogue.STEPS}", timeout=TIMEOUT)
+        killed.send(signal.SIGKILL)
+        assert killed.wait(timeout=TIMEOUT) == -signal.SIGKILL, killed.output[-3000:]
+      finally:
+        killed.kill()
+      assert f"Restored checkpoint at step {stopped_at}" in killed.output, killed.output[-3000:]
+      on_disk = complete_steps(model_dir)
+
+      resumed = trainer_run(model_dir, *args)
+      assert resumed.returncode == 0, f"exit {resumed.returncode}\n{resumed.stderr[-4000:]}"
+      restored = int(re.search(r"Restored checkpoint at step (\d+)", resumed.stderr).group(1))
+      assert restored == on_disk[-1], (restored, on_disk)  # the newest complete step
+      return Interrupted(model_dir, stopped_at, 35, restored)
+    return self._once(("interrupted", name, replicas), make)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+  return Runs(tmp_path_factory)

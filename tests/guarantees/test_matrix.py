@@ -1,0 +1,137 @@
+"""Every workload of the catalogue against every guarantee, on 1 and 2 replicas.
+
+A cell is (check, workload, replicas). The fast suite runs `FAST`: the built-in CNN's
+eval = --mode=eval = export on 1 replica and one refusal (a few trainer processes,
+~30 s); `python -m pytest -m slow tests/guarantees` runs the rest.
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.guarantees import catalogue
+from tests.guarantees.conftest import arrays, complete_steps, flags, trainer_run
+
+REPLICAS = (1, 2)
+FAST = {("eval", "cnn", 1), ("export", "cnn", 1), ("refused", "softmax_head", 1)}
+RESUME_TOLERANCE = 1e-6
+REPLICA_TOLERANCE = 1e-5
+EVAL_TOLERANCE = 1e-5
+
+
+def cells(check: str, replicas=REPLICAS, applies=lambda workload: True):
+  """pytest params (workload name, replicas) of `check`: slow unless in FAST, skipped
+  where the check does not apply, xfail (strict) on a known defect."""
+  params = []
+  for workload in catalogue.CATALOGUE:
+    for count in replicas:
+      marks = [] if (check, workload.name, count) in FAST else [pytest.mark.slow]
+      if check in workload.not_applicable or not applies(workload):
+        marks.append(pytest.mark.skip(reason=workload.not_applicable.get(
+            check, f"{workload.name} exports nothing to score")))
+      defect = (workload.known_defects.get((check, count))
+                or workload.known_defects.get((check, None)))
+      if defect:
+        marks.append(pytest.mark.xfail(strict=True, reason=defect))
+      params.append(pytest.param(workload.name, count, marks=marks,
+                                 id=f"{workload.name}-{count}"))
+  return params
+
+
+def assert_same(actual: dict, expected: dict, atol: float, what: str):
+  assert actual.keys() == expected.keys(), (what, sorted(actual), sorted(expected))
+  worst = max(np.abs(np.asarray(actual[key], np.float64) - expected[key]).max(initial=0)
+              for key in expected)
+  for key in expected:
+    np.testing.assert_allclose(actual[key], expected[key], atol=atol, rtol=0,
+                               err_msg=f"{what}: {key} (largest difference {worst:.3g})")
+
+
+@pytest.mark.parametrize("name, replicas", cells("sigterm"))
+def test_sigterm_resume_equals_uninterrupted(runs, name, replicas):
+  """SIGTERM at step 5 -> a checkpoint of the stop step, exit 42; the resumed process's
+  next checkpoints equal the uninterrupted run's, model, optimizer and Task state."""
+  reference, _ = runs.uninterrupted(name, replicas)
+  run = runs.interrupted(name, replicas)
+  assert run.stopped_at < run.restored < run.killed_after, run  # written after the resume
+  assert_same(arrays(run.model_dir, run.restored), arrays(reference, run.restored),
+              RESUME_TOLERANCE, f"step {run.restored} after a SIGTERM at {run.stopped_at}")
+
+
+@pytest.mark.parametrize("name, replicas", cells("sigkill"))
+def test_sigkill_resume_equals_uninterrupted(runs, name, replicas):
+  """SIGKILL at step 35 loses the steps since the last complete checkpoint; the run that
+  resumes from it ends with the uninterrupted run's state, and reports its eval values
+  (which see state a checkpoint comparison cannot: EMA weights, a Task's variables)."""
+  reference, expected = runs.uninterrupted(name, replicas)
+  run = runs.interrupted(name, replicas)
+  assert run.restored % 10 == 0 and run.restored < run.killed_after, run
+  assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(reference, catalogue.STEPS),
+              RESUME_TOLERANCE, f"the end, after a SIGKILL at step {run.killed_after}")
+  with open(os.path.join(str(run.model_dir), "summary.json")) as f:
+    summary = json.load(f)
+  for key in _eval_values(expected):
+    assert summary[key] == pytest.approx(expected[key], abs=RESUME_TOLERANCE), (key, summary)
+
+
+def _eval_values(summary: dict) -> list[str]:
+  return [key for key in summary if key.startswith("eval_") and not key.endswith("_sec")]
+
+
+@pytest.mark.parametrize("name, replicas", cells("replicas_agree", replicas=(2,)))
+def test_replicas_agree_with_sgd(runs, name, replicas):
+  """Plain SGD moves the weights in proportion to the gradient: a reduction missing or
+  counted twice on 2 replicas fails by far more than the tolerance."""
+  one = arrays(runs.sgd(name, 1), catalogue.STEPS)
+  many = arrays(runs.sgd(name, replicas), catalogue.STEPS)
+  start = arrays(runs.sgd(name, 1), 10)
+  moved = max(np.abs(one[key] - start[key]).max() for key in one if key.startswith("model/"))
+  assert moved > 1e-3, f"the weights hardly moved from step 10 ({moved:.2g}): nothing to compare"
+  assert_same(many, one, REPLICA_TOLERANCE, f"{replicas} replicas against 1")
+
+
+@pytest.mark.parametrize("name, replicas", cells("eval"))
+def test_eval_equals_mode_eval(runs, name, replicas):
+  """What training reported at its end (summary.json) is what --mode=eval of the saved
+  step reports: every value, to 1e-5."""
+  model_dir, summary = runs.uninterrupted(name, replicas)
+  result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], replicas), "--mode=eval")
+  assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+  evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+  assert evaluated["step"] == catalogue.STEPS
+  reported = {key.removeprefix("eval_"): summary[key] for key in _eval_values(summary)}
+  assert reported and reported.keys() <= evaluated.keys(), (reported, evaluated)
+  for key, value in reported.items():
+    assert evaluated[key] == pytest.approx(value, abs=EVAL_TOLERANCE), (key, evaluated, summary)
+
+
+@pytest.mark.parametrize("name, replicas",
+                         cells("export", applies=lambda workload: workload.served is not None))
+def test_export_equals_eval(runs, name, replicas):
+  """The SavedModel of the final step, scored on the eval data in numpy, gives what
+  eval reported (summary.json), to 1e-5."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  model_dir, summary = runs.uninterrupted(name, replicas)
+  export_dir = os.path.join(str(model_dir), "export", str(catalogue.STEPS))
+  serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+  scored = catalogue.BY_NAME[name].served(serve, replicas)
+  for key, value in scored.items():
+    assert value == pytest.approx(summary[key], abs=EVAL_TOLERANCE), (key, scored, summary)
+
+
+@pytest.mark.parametrize("name, replicas", cells("refused"))
+def test_checkpoint_of_another_workload_is_refused(runs, tmp_path, name, replicas):
+  """A step of another workload (other variables and shapes) copied into checkpoints/:
+  exit 2, one line, and the step is neither restored nor moved."""
+  workload = catalogue.BY_NAME[name]
+  donor, _ = runs.uninterrupted(workload.donor, 1)
+  copied = tmp_path / "checkpoints" / str(catalogue.STEPS)
+  shutil.copytree(os.path.join(str(donor), "checkpoints", str(catalogue.STEPS)), copied)
+  before = sorted(os.listdir(copied))
+  result = trainer_run(tmp_path, *flags(workload, replicas))
+  assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+  assert len(result.error_lines()) == 1, result.stderr[-3000:]
+  assert "Restored checkpoint" not in result.stderr
+  assert complete_steps(tmp_path) == [catalogue.STEPS] and sorted(os.listdir(copied)) == before
