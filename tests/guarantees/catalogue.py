@@ -152,12 +152,7 @@ CATALOGUE = [
                                 "--config.model.name=tests.batchnorm_plugins:conv_batchnorm",
                                 "--config.data.name=tests.batchnorm_plugins:images", *SGD),
              served=_served_batchnorm,
-             not_applicable={"replicas_agree": _BATCHNORM_REPLICAS},
-             # The eval reported in training differs from the eval of the saved state by
-             # ~4e-6 (so does a resumed run's), the weights equal to 1e-6.
-             known_defects={(check, 2): "issue 31 defect 5: on 2 replicas a BatchNorm "
-                                        "model's eval in training is not its checkpoint's"
-                            for check in ("eval", "export", "sigkill")}),
+             not_applicable={"replicas_agree": _BATCHNORM_REPLICAS}),
     Workload("two_heads", ("--config=synthetic",
                            "--config.model.name=tests.multi_output_plugins:two_heads",
                            "--config.data.name=tests.multi_output_plugins:arrays",
@@ -172,8 +167,6 @@ CATALOGUE = [
                                  "--config.data.name=tests.sequence_plugins:numpy_sequences",
                                  "--config.data.pad_to=longest", *SGD),
              served=_served_sequences,
-             # masked_mean's Input is (None,) whatever input_spec says: its export serves
-             # every length today (issue 31 defect 4 needs a builder that uses input_spec).
              known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
                             ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
     # The same tokens into a GRU whose Input takes its shape from input_spec.
@@ -182,10 +175,8 @@ CATALOGUE = [
               "--config.data.name=tests.sequence_plugins:numpy_sequences",
               "--config.data.pad_to=longest", *SGD),
              served=_served_sequences,
-             known_defects={("export", 1): "issue 31 defect 4: input_spec and the export's "
-                                           "input are fixed at the probe batch's length",
-                            **{(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
-                               ("sigterm", "sigkill", "replicas_agree", "eval", "export")}}),
+             known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
+                            ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
     Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
              known_defects={("refused", None): _CONFIG_FILE_NOISE}),
@@ -197,11 +188,7 @@ CATALOGUE = [
     Workload("task_layer_generator",
              ("--config=synthetic",
               "--config.train.task=tests.guarantees.workloads:LayerAndGenerator", *SGD),
-             not_applicable={"replicas_agree": _GENERATOR_REPLICAS},
-             # eval: --mode=eval of the saved step has a freshly initialized layer.
-             known_defects={(check, None): "issue 31 defect 1: a layer attribute and a "
-                                           "generator are not checkpointed"
-                            for check in ("sigterm", "sigkill", "eval")}),
+             not_applicable={"replicas_agree": _GENERATOR_REPLICAS}),
     # Decoupled weight decay, a moving average served by eval and export, 2 micro-batches.
     Workload("adamw_ema_accumulation",
              ("--config=synthetic", "--config.model.conv_filters=6",
