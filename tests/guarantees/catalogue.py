@@ -130,11 +130,6 @@ _BATCHNORM_REPLICAS = ("BatchNormalization normalizes each replica's own slice i
 # train.accumulation_steps > 1 the gradients are dense and it trains.
 _SPARSE_ON_TWO_REPLICAS = ("distloop bug (not in issue 31): sparse Embedding gradients of "
                            "per-replica padded lengths fail the all-reduce on 2 replicas")
-# Found by this harness, not in issue 31: a --config file that imports TensorFlow (the
-# README's `--config=examples/gan.py`) lets TensorFlow's C++ start-up lines (oneDNN, cuInit,
-# ~9 lines, twice) through before the refusal's one line (the plug-ins' imports are silenced).
-_CONFIG_FILE_NOISE = ("distloop bug (not in issue 31): a config file importing TensorFlow "
-                      "prints its C++ start-up lines before the one line of exit 2")
 _GENERATOR_REPLICAS = ("a tf.random.Generator draws another stream on each replica; "
                        "step.normal is the noise that does not depend on the replica count")
 
@@ -178,8 +173,7 @@ CATALOGUE = [
              known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
                             ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
-    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
-             known_defects={("refused", None): _CONFIG_FILE_NOISE}),
+    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan),
     # A Task's own variables: a step counter and moving averages the step assigns.
     Workload("task_counter", ("--config=synthetic",
                               "--config.train.task=tests.guarantees.workloads:Counter", *SGD),

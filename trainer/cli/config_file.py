@@ -19,6 +19,7 @@ returns something other than a ConfigDict is a ConfigFileError: one line naming
 the file and what is wrong (exit 2), before anything is written.
 """
 import os
+import sys
 
 from absl import flags
 
@@ -27,6 +28,7 @@ from configs.files import RECORDED as _RECORDED
 from configs.files import resolve
 from configs.files import ConfigFileError
 from configs.files import load
+from input_pipelines.native_output import native_startup_silenced
 from trainer.state import model_dir as layout
 from trainer.errors import UserError
 
@@ -93,7 +95,12 @@ class Parser(flags.ArgumentParser):
     self._lock_config = lock_config
 
   def parse(self, argument):
-    config = load(argument)
+    # A config file that imports TensorFlow (examples/gan.py) would print TensorFlow's C++
+    # start-up lines before any refusal: hidden, as for plug-ins (Python errors still show).
+    if not any(arg.startswith(("--verbosity", "-v")) for arg in sys.argv[1:]):
+      os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read when TensorFlow is imported
+    with native_startup_silenced():
+      config = load(argument)
     if self._lock_config:
       config.lock()
     return config
