@@ -155,6 +155,26 @@ def checkpoint_arrays(model_dir, step: int) -> dict:
   return arrays
 
 
+def read_checkpoint(model_dir, step: int, items=("model", "optimizer")) -> dict:
+  """{'model/...': array, 'optimizer/...': array} of checkpoints/<step>, by plain orbax in
+  this process (checkpoint_arrays reads in a child, leaving JAX out of this one)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  flat = {}
+
+  def walk(node, path):
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f"{path}/{key}")
+      else:
+        flat[f"{path}/{key}"] = np.asarray(value)
+
+  for item in items:
+    item_dir = os.path.join(str(model_dir), "checkpoints", str(step), item)
+    if os.path.isdir(item_dir):
+      walk(ocp.PyTreeCheckpointer().restore(item_dir), item)
+  return flat
+
+
 def assert_same_state(actual: dict, expected: dict, atol: float) -> None:
   assert actual.keys() == expected.keys()
   for key in expected:

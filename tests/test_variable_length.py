@@ -14,7 +14,7 @@ from input_pipelines import batching, padding, sources
 from input_pipelines.errors import DataError
 from tests import sequence_plugins
 from tests.cli import REPO, run_trainer, train_ok
-from tests.processes import assert_same_state, checkpoint_arrays
+from tests.processes import assert_same_state, checkpoint_arrays, read_checkpoint
 
 _PLUGINS = os.path.join(REPO, "tests", "sequence_plugins.py")
 _TRAIN, _EVAL = 2000, 500
@@ -271,21 +271,6 @@ def _trained_in_process(model_dir, model: str, data: str = "numpy_sequences", st
   config.train.global_batch_size, config.train.learning_rate = 32, 0.05
   config.train.steps = config.train.steps_per_loop = steps
   return trainer.run(config, str(model_dir))
-
-
-def _model_weights(model_dir, step: int) -> dict:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  flat = {}
-  def walk(node, path):
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, f"{path}/{key}")
-      else:
-        flat[f"{path}/{key}"] = np.asarray(value)
-  walk(ocp.PyTreeCheckpointer().restore(str(model_dir / "checkpoints" / str(step) / "model")), "")
-  return flat
-
-
 @pytest.mark.parametrize("data", ["numpy_sequences", pytest.param(
     "stream_sequences", marks=pytest.mark.slow)])  # (slow: the same check, the stream's spec)
 def test_the_export_of_a_model_built_from_the_input_spec_serves_any_length(tmp_path, data):
@@ -296,7 +281,7 @@ def test_the_export_of_a_model_built_from_the_input_spec_serves_any_length(tmp_p
   exported = tf.saved_model.load(str(tmp_path / "export" / "20"))
   served = exported.signatures["serving_default"]
   assert served.structured_input_signature[1]["inputs"].shape.as_list() == [None, None]
-  weights = _model_weights(tmp_path, 20)
+  weights = read_checkpoint(tmp_path, 20, items=("model",))
   rng = np.random.default_rng(3)
   longer = sequence_plugins.MAX_LENGTH + 17  # longer than every training example
   for length in (longer, 37, 5):

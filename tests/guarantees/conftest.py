@@ -19,6 +19,7 @@ import pytest
 from tests.cli import run_trainer
 from tests.guarantees import catalogue
 from tests.processes import TrainerProcess
+from tests.processes import read_checkpoint as arrays  # noqa: F401  (test_matrix reads it here)
 
 # One intra-op thread in every run, whatever the machine: a replica's summation order then
 # depends on its batch, not on the cores it shares (README: cluster-shape invariance).
@@ -38,25 +39,6 @@ def flags(workload, replicas: int, *extra: str) -> list[str]:
 
 def trainer_run(model_dir, *args: str):
   return run_trainer(model_dir, *args, timeout=TIMEOUT, env=ENV)
-
-
-def arrays(model_dir, step: int) -> dict:
-  """{'model/...': array, 'optimizer/...': array} of checkpoints/<step>, by plain orbax."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  flat = {}
-
-  def walk(node, path):
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, f"{path}/{key}")
-      else:
-        flat[f"{path}/{key}"] = np.asarray(value)
-
-  for item in ("model", "optimizer"):
-    item_dir = os.path.join(str(model_dir), "checkpoints", str(step), item)
-    if os.path.isdir(item_dir):
-      walk(ocp.PyTreeCheckpointer().restore(item_dir), item)
-  return flat
 
 
 def complete_steps(model_dir) -> list[int]:

@@ -75,7 +75,7 @@ def check(model_dir: str, config_dict: dict) -> None:
   recorded, where = _recorded(model_dir)
   if recorded is None:
     return
-  copy = _read_json(layout.config_path(model_dir))
+  copy = layout.read_json(layout.config_path(model_dir))
   new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
   for field, before in sorted(recorded.items()):
     after = new.get(field, _MISSING)
@@ -173,25 +173,17 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
   from: the newest step's meta that can be read; config.json when none can."""
   for step in reversed(_steps(model_dir)):
     path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
-    meta = _read_json(path)
+    meta = layout.read_json(path)
     if isinstance(meta, dict):
       recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
       if isinstance(recorded.get("fixed"), dict):
         return recorded["fixed"], path
       if isinstance(meta.get("config"), dict):
         return fixed_fields(meta["config"]), path
-  copy = _read_json(layout.config_path(model_dir))
+  copy = layout.read_json(layout.config_path(model_dir))
   if isinstance(copy, dict):
     return fixed_fields(copy), layout.config_path(model_dir)
   return None, ""
-
-
-def _read_json(path: str):
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
 
 
 def _plain(value):

@@ -166,7 +166,7 @@ def final_step(model_dir: str, train_steps: int) -> int | None:
   """The step a run to `train_steps` ended at, if finished.json says it ended (an early
   stop ends below train_steps; a record of a run to other train.steps is not this run's
   unless it reached them)."""
-  record = _read_json(finished_path(model_dir))
+  record = read_json(finished_path(model_dir))
   if not isinstance(record, dict) or not isinstance(record.get("step"), int):
     return None
   if record["step"] >= train_steps or record.get("train_steps") == train_steps:
@@ -208,9 +208,9 @@ def record_config(model_dir: str, config_dict: dict, step: int) -> None:
     entries = sorted(name for name in os.listdir(history) if name.endswith(".json"))
   except OSError:
     entries = []
-  previous = _read_json(os.path.join(history, entries[-1])) if entries else None
+  previous = read_json(os.path.join(history, entries[-1])) if entries else None
   if not entries:
-    earlier = _read_json(config_path(model_dir))
+    earlier = read_json(config_path(model_dir))
     if earlier is not None and earlier != config_dict:
       stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(os.path.getmtime(config_path(model_dir))))
       write_json(os.path.join(history, f"{stamp}_earlier.json"), earlier)
@@ -221,7 +221,8 @@ def record_config(model_dir: str, config_dict: dict, step: int) -> None:
     write_json(os.path.join(history, f"{stamp}_step{step}.json"), config_dict)
 
 
-def _read_json(path: str):
+def read_json(path: str):
+  """The JSON at `path`; None if it is missing or not JSON."""
   try:
     with open(path) as f:
       return json.load(f)
