@@ -123,13 +123,6 @@ def _served_gan(serve, replicas):
 
 _BATCHNORM_REPLICAS = ("BatchNormalization normalizes each replica's own slice in training "
                        "(Keras synchronized=False): 1 and 2 replicas train different models")
-# Found by this harness, not in issue 31: each replica's batch is padded to its own longest,
-# so the Embedding's sparse gradients (IndexedSlices) differ in rows between replicas, and
-# their all-reduce fails (exit 1, a traceback): "Shape mismatch in the collective instance
-# ... expected shape [6272,16] but another member ... [6336,16]". With
-# train.accumulation_steps > 1 the gradients are dense and it trains.
-_SPARSE_ON_TWO_REPLICAS = ("distloop bug (not in issue 31): sparse Embedding gradients of "
-                           "per-replica padded lengths fail the all-reduce on 2 replicas")
 _GENERATOR_REPLICAS = ("a tf.random.Generator draws another stream on each replica; "
                        "step.normal is the noise that does not depend on the replica count")
 
@@ -161,17 +154,13 @@ CATALOGUE = [
                                  "--config.model.name=tests.sequence_plugins:masked_mean",
                                  "--config.data.name=tests.sequence_plugins:numpy_sequences",
                                  "--config.data.pad_to=longest", *SGD),
-             served=_served_sequences,
-             known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
-                            ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
+             served=_served_sequences),
     # The same tokens into a GRU whose Input takes its shape from input_spec.
     Workload("variable_length_gru",
              ("--config=synthetic", "--config.model.name=tests.guarantees.workloads:embedding_gru",
               "--config.data.name=tests.sequence_plugins:numpy_sequences",
               "--config.data.pad_to=longest", *SGD),
-             served=_served_sequences,
-             known_defects={(check, 2): _SPARSE_ON_TWO_REPLICAS for check in
-                            ("sigterm", "sigkill", "replicas_agree", "eval", "export")}),
+             served=_served_sequences),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
     Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan),
     # A Task's own variables: a step counter and moving averages the step assigns.
