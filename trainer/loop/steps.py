@@ -231,7 +231,7 @@ def replica_local(variables) -> list:
       variable = variable.value
     if (isinstance(variable, distribute_values.MirroredVariable)
         and variable.aggregation == tf.VariableAggregation.NONE and not variable.trainable
-        and (variable.dtype.is_floating or variable.dtype.is_integer)):
+        and variable.dtype.is_floating):  # an integer (a seed's counter) advances alike
       found.append(variable)
   return found
 
@@ -242,11 +242,15 @@ def replicas_agree(variables) -> None:
   others add zeros, so the sum is that copy exactly."""
   context = tf.distribute.get_replica_context()
   first = tf.equal(context.replica_id_in_sync_group, 0)
-  values = [tf.convert_to_tensor(variable) for variable in variables]
-  agreed = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                              [tf.where(first, value, tf.zeros_like(value)) for value in values])
-  for variable, value in zip(variables, agreed):
-    variable.assign(value)
+  by_dtype = {}
+  for variable in variables:  # a batched all-reduce packs tensors of one dtype together
+    by_dtype.setdefault(variable.dtype, []).append(variable)
+  for group in by_dtype.values():
+    values = [tf.convert_to_tensor(variable) for variable in group]
+    agreed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                [tf.where(first, value, tf.zeros_like(value)) for value in values])
+    for variable, value in zip(group, agreed):
+      variable.assign(value)
 
 
 def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variables=()):

@@ -57,6 +57,9 @@ _FIXED_FIELDS = {
     "train.ema_decay": "the moving average of the weights (part of the optimizer state)",
 }
 _WARNED_FIELDS = ("data.dir",)
+# What only the eval split depends on: --mode=eval/export may read another one (a resume
+# may not: these fields choose which rows are held out from training).
+_EVAL_SPLIT_FIELDS = ("data.num_eval_examples",)
 _MUTABLE_FIELDS = ("data.pad_to",)
 _MISSING = object()
 _NO_COPY = object()
@@ -126,7 +129,8 @@ def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
                keyed_shapes: dict, *, training: bool) -> None:
   """UserError (nothing moved: a step of another run is no corrupt step) unless the
   checkpoint step whose meta is `meta` (at `where`) belongs to this run: the same
-  fixed fields (data.dir may move), the same Task and the same structure. A meta
+  fixed fields (data.dir may move; eval and export may read another eval split), the
+  same Task and the same structure. A meta
   without an identity (written before it had one) is judged by its config."""
   recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
   fixed = recorded.get("fixed")
@@ -137,7 +141,8 @@ def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
             if training else "pass the training run's value, or evaluate the right --model_dir")
   for field, before in sorted(fixed.items()):
     after = new.get(field, _MISSING)
-    if after == before or field in _WARNED_FIELDS or not is_fixed(field):
+    if (after == before or field in _WARNED_FIELDS or not is_fixed(field)
+        or (not training and field in _EVAL_SPLIT_FIELDS)):
       continue
     now = f"{field}={after!r}" if after is not _MISSING else f"no {field}"
     _refuse(where, f"{field}={before!r}", f"{now} in this config", advice)
