@@ -148,13 +148,12 @@ def _wrong_length(what: str, name: str, length, batch_size) -> str:
 
 
 def _per_example(what: str, name: str, value, count):
-  """`value` [n], checked to hold one value per example of the batch (`count`, float64):
-  when either length is unknown at trace time, by an assertion that runs with the step
-  (api.translate makes its failure the one line)."""
+  """`value` [n], checked to hold one value per example of the batch (`count`, float64)
+  when either length is unknown at trace time (an eval batch), by an assertion that runs
+  with the step (api.translate makes its failure the one line); static lengths were
+  checked when the step was traced (check_values)."""
   length, batch_size = value.shape[0], tf.get_static_value(count)
   if length is not None and batch_size is not None:
-    if length != int(batch_size):
-      raise UserError(_wrong_length(what, name, length, int(batch_size)))
     return value
   length = tf.shape(value, out_type=tf.int64)[0]
   batch = tf.cast(count, tf.int64)
