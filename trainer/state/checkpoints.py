@@ -256,7 +256,7 @@ class Checkpoints:
         raise
       self._failed = True
       step, needed = self._pending or (None, None)
-      remove_temporaries(self.directory)  # nothing else is in flight: free what it took
+      _remove_until_settled(self.directory)  # free what the failed save took
       raise storage.failure(f"the checkpoint of step {step}", self.directory, e,
                             needed_bytes=needed) from None
 
@@ -283,6 +283,42 @@ def remove_temporaries(directory: str) -> list[str]:
   for name in names:
     shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
   return sorted(names)
+
+
+def _remove_until_settled(directory: str, quiet_for: float = 0.5, give_up_after: float = 10.0
+                          ) -> None:
+  """Removes a failed save's temporary once nothing writes into it any more.
+
+  When one item's write fails, orbax raises while tensorstore's threads may still be
+  writing the other items' files into the temporary: removed under them, they fail
+  again (a traceback from orbax's thread) or leave a new temporary behind (seen under
+  load). So: wait until the temporaries stop changing for `quiet_for` s, then remove."""
+  deadline = time.monotonic() + give_up_after
+  last, quiet_since = None, time.monotonic()
+  while time.monotonic() < deadline:
+    now = _temporaries_signature(directory)
+    if now != last:
+      last, quiet_since = now, time.monotonic()
+    elif time.monotonic() - quiet_since >= quiet_for:
+      break
+    time.sleep(0.1)
+  remove_temporaries(directory)
+
+
+def _temporaries_signature(directory: str) -> tuple:
+  """(path, size, mtime) of every file under the step temporaries: changes while written."""
+  entries = []
+  for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+    if _TEMPORARY not in name:
+      continue
+    for parent, _, files in os.walk(os.path.join(directory, name)):
+      for file in files:
+        try:
+          info = os.stat(os.path.join(parent, file))
+        except OSError:
+          continue
+        entries.append((parent, file, info.st_size, info.st_mtime_ns))
+  return tuple(sorted(entries))
 
 
 def _open_every_file(step_dir: str) -> None:
