@@ -24,7 +24,7 @@ bare signal death. What the handler does, and who reads the flag when, is per ph
   for the write and exits 42. Multi-worker start-up after the runtime starts
   defers to the first such agreed check (right after the restore);
 - user code at a boundary (an Action) runs in a thread of its own while the main
-  thread watches the flag (trainer/task/user_code.py `bounded`): one that has not
+  thread watches the flag (`bounded`): one that has not
   returned a few seconds after the signal is left running, the boundary's step is
   saved (one process) and the run exits 42, as a hung plug-in at start-up does;
 - after the loop: agreed checks before the final eval and before the export.
@@ -37,6 +37,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 from absl import logging
@@ -180,6 +181,56 @@ def requested() -> bool:
 def sleep(seconds: float) -> None:
   """time.sleep that a signal cuts short (continuous_eval polls with it)."""
   _requested.wait(max(seconds, 0.0))
+
+
+_POLL_SECONDS = 0.05  # how often a bounded wait looks at the signal flag and the clock
+
+
+class Abandoned(BaseException):
+  """A bounded call was left running: a signal came (`signalled`) and it did not return
+  within its grace, or it ran past its limit. A BaseException: no `except Exception` on
+  the way up turns it into something else."""
+
+  def __init__(self, what: str, *, signalled: bool, seconds: float):
+    super().__init__(what)
+    self.what, self.signalled, self.seconds = what, signalled, seconds
+
+
+def bounded(function: Callable, *args, what: str, limit_seconds: float,
+            grace_seconds: float, stop_requested: Callable[[], bool] = requested, **kwargs):
+  """`function(*args, **kwargs)` in a daemon thread while this (main) thread keeps the
+  signal protocol: returns its result or raises what it raised; raises Abandoned if it
+  does not return within `grace_seconds` of a signal, or within `limit_seconds` (0: no
+  limit). A thread left behind may go on running: the caller ends the process or stops
+  using what it called (it holds no lock of the caller's). User Actions (3 s of grace:
+  trainer/loop/controller.py) and MLflow requests (none: trainer/loop/mlflow_log.py)
+  both run through here."""
+  outcome = {}
+
+  def call():
+    try:
+      outcome["value"] = function(*args, **kwargs)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the caller)
+      outcome["error"] = e
+
+  thread = threading.Thread(target=call, name=f"distloop {what}", daemon=True)
+  started = time.monotonic()
+  signalled_at = None
+  thread.start()
+  while True:
+    thread.join(_POLL_SECONDS)
+    if not thread.is_alive():
+      break
+    now = time.monotonic()
+    if signalled_at is None and stop_requested():
+      signalled_at = now
+    if signalled_at is not None and now - signalled_at >= grace_seconds:
+      raise Abandoned(what, signalled=True, seconds=now - started)
+    if limit_seconds and now - started >= limit_seconds:
+      raise Abandoned(what, signalled=False, seconds=now - started)
+  if "error" in outcome:
+    raise outcome["error"]
+  return outcome.get("value")
 
 
 class PreemptionWatcher:

@@ -374,13 +374,14 @@ class Trainer:
     return stop
 
   def _run_user_action(self, action, boundary) -> str | None:
-    """A user's Action, bounded (trainer/task/user_code.py): left running after a signal
+    """A user's Action, bounded (trainer/cluster/preemption.py): left running after a signal
     (its boundary's step saved, exit 42) or past train.action_timeout_seconds (exit 1)."""
     limit = self.config.train.action_timeout_seconds
     try:
-      return user_code.bounded(action.function, boundary, what=f"action {action.name!r}",
-                               limit_seconds=limit, stop_requested=preemption.requested)
-    except user_code.Abandoned as abandoned:
+      return preemption.bounded(action.function, boundary, what=f"action {action.name!r}",
+                                limit_seconds=limit,
+                                grace_seconds=user_code.SIGNAL_GRACE_SECONDS)
+    except preemption.Abandoned as abandoned:
       position = getattr(self, "_position", None)
       on_disk, unsaved = self.train_state.latest_step(), ""
       if (position is not None and position.step == boundary.step and not self._read_only

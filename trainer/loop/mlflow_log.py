@@ -18,7 +18,6 @@ warning naming both.
 """
 import json
 import os
-import threading
 import time
 
 from absl import logging
@@ -30,7 +29,6 @@ from trainer.loop import summaries
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 _CALL_SECONDS = 25.0  # the longest a call is waited for (the client's own timeout is 20 s)
-_POLL_SECONDS = 0.1  # how often a wait looks for a signal
 
 
 class MlflowLog:
@@ -122,34 +120,19 @@ class MlflowLog:
   def _call(self, method, *args, **kwargs) -> None:
     """`method(...)` in a thread of its own (a daemon: a hung request never holds the
     exit), waited for up to _CALL_SECONDS, and not at all once a signal arrived."""
-    failed = []
-    done = threading.Event()
-
-    def call():
-      try:
-        method(*args, **kwargs)
-      except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
-        failed.append(error)
-      finally:
-        done.set()
-
-    threading.Thread(target=call, name="mlflow", daemon=True).start()
-    deadline = time.monotonic() + _CALL_SECONDS
-    while not done.wait(_POLL_SECONDS):
-      if preemption.requested() or time.monotonic() > deadline:
-        why = ("a signal arrived" if preemption.requested()
-               else f"no answer in {_CALL_SECONDS:.0f} s")
-        logging.warning("MLflow: %s left unfinished (%s); logging to MLflow stops here",
-                        method.__name__, why)
-        self._run_id = None
-        return
-    if failed:
-      error = failed[0]
+    try:
+      preemption.bounded(method, *args, what="mlflow", limit_seconds=_CALL_SECONDS,
+                         grace_seconds=0, **kwargs)
+    except preemption.Abandoned as abandoned:
+      why = "a signal arrived" if abandoned.signalled else f"no answer in {_CALL_SECONDS:.0f} s"
+      logging.warning("MLflow: %s left unfinished (%s); logging to MLflow stops here",
+                      method.__name__, why)
+      self._run_id = None
+    except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
       logging.warning("MLflow: %s failed (%s: %s); logging to MLflow stops here, training "
                       "goes on", method.__name__, type(error).__name__,
                       str(error).splitlines()[0][:200])
       self._run_id = None
-
 
 def _gone(client, run_id: str) -> str | None:
   """Why the MLflow run `run_id` cannot be logged into ("was deleted", "no longer

@@ -1,6 +1,6 @@
 """A user's Task or Action failing: one line naming where, not a traceback through
 TensorFlow, Keras and distloop; and user code at a loop boundary (an Action) run so
-that it cannot keep the job from ending (`bounded`).
+that it cannot keep the job from ending (trainer/cluster/preemption.py `bounded`).
 
 In build(), while its steps trace, or in what it exports (checked with the probe
 batch before step 1, so that a run cannot fail the same way after every training):
@@ -12,10 +12,7 @@ the last one to the line once the pending saves are on disk).
 import contextlib
 import os
 import re
-import threading
-import time
 import traceback
-from typing import Callable
 
 import input_pipelines
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserCodeHung
@@ -154,50 +151,4 @@ def in_user_code(error: Exception) -> str:
   return f"{type(error).__name__}: {lines[0][:300] if lines else ''}{where}"
 
 
-_POLL_SECONDS = 0.05  # how often the main thread looks at the signal flag and the clock
-SIGNAL_GRACE_SECONDS = 3.0  # after a signal, user code still running this long is left
-
-
-class Abandoned(BaseException):
-  """User code at a boundary was left running: a signal came (`signalled`) and it did not
-  return within SIGNAL_GRACE_SECONDS, or it ran past its limit. A BaseException: no
-  `except Exception` on the way up turns it into something else."""
-
-  def __init__(self, what: str, *, signalled: bool, seconds: float):
-    super().__init__(what)
-    self.what, self.signalled, self.seconds = what, signalled, seconds
-
-
-def bounded(function: Callable, *args, what: str, limit_seconds: float,
-            stop_requested: Callable[[], bool]):
-  """`function(*args)` in a daemon thread while this (main) thread keeps the signal
-  protocol: returns its result or raises what it raised; raises Abandoned if it does
-  not return within SIGNAL_GRACE_SECONDS of a signal, or within `limit_seconds` (0: no
-  limit). A thread left behind may go on running: the caller ends the process (it holds
-  no lock of the caller's; what it reads is the state of the boundary, which is saved)."""
-  outcome = {}
-
-  def call():
-    try:
-      outcome["value"] = function(*args)
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the caller)
-      outcome["error"] = e
-
-  thread = threading.Thread(target=call, name=f"distloop {what}", daemon=True)
-  started = time.monotonic()
-  signalled_at = None
-  thread.start()
-  while True:
-    thread.join(_POLL_SECONDS)
-    if not thread.is_alive():
-      break
-    now = time.monotonic()
-    if signalled_at is None and stop_requested():
-      signalled_at = now
-    if signalled_at is not None and now - signalled_at >= SIGNAL_GRACE_SECONDS:
-      raise Abandoned(what, signalled=True, seconds=now - started)
-    if limit_seconds and now - started >= limit_seconds:
-      raise Abandoned(what, signalled=False, seconds=now - started)
-  if "error" in outcome:
-    raise outcome["error"]
-  return outcome.get("value")
+SIGNAL_GRACE_SECONDS = 3.0  # after a signal, an Action still running this long is left
