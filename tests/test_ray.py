@@ -45,8 +45,15 @@ _HANG = 420  # seconds: far above a healthy Ray run here
 
 
 def _ray_job(model_dir, *flags: str) -> TrainerProcess:
+  """The example on 2 Ray workers; what its `result` holds goes to <model_dir>.result.json."""
   return TrainerProcess(None, f"--model_dir={model_dir}", *_FLAGS, *flags, module="tests.ray_job",
-                        env=_RAY_ENV, prefix=loopback_only())
+                        env={**_RAY_ENV, "RAY_JOB_RESULT": f"{model_dir}.result.json"},
+                        prefix=loopback_only())
+
+
+def _ray_result(model_dir) -> dict:
+  """What the Ray user read (tests/ray_job.py): metrics, checkpoint_dir, dataframe_steps."""
+  return json.loads(open(f"{model_dir}.result.json", encoding="utf-8").read())
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +95,25 @@ def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, launched, tw
   summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["num_replicas"] == 2 and summary["strategy"] == "multi_worker_mirrored"
   assert summary["step"] == _STEPS
-  assert "'step': 60" in output  # rank 0's summary, reported to Ray: the Result's metrics
   # Plain SGD: equal weights mean the same gradients, reduced once, at every step
   # (measured: bit for bit, against both; a gradient counted twice is off by 1e-2 or more).
   assert_same_state(arrays, two_replicas, atol=1e-6)
   assert_same_state(arrays, launched, atol=1e-6)
+
+
+@needs_ray
+@needs_loopback
+def test_ray_result_holds_the_summary_and_the_final_checkpoint(ray_run):
+  """Ray Train V2 keeps the metrics reported with a checkpoint only: result.metrics is
+  rank 0's summary.json, result.checkpoint points at the final step's orbax checkpoint,
+  and metrics_dataframe has a row per checkpoint.interval (20) step."""
+  _, _, model_dir = ray_run
+  read = _ray_result(model_dir)
+  summary = json.loads((model_dir / "summary.json").read_text())
+  assert read["metrics"] == summary, (read["metrics"], summary)
+  assert read["metrics"]["step"] == _STEPS and "eval_accuracy" in read["metrics"]
+  assert read["checkpoint_dir"] == str(model_dir / "checkpoints" / str(_STEPS))
+  assert read["dataframe_steps"] == [20, 40, _STEPS]
 
 
 @needs_ray
@@ -112,6 +133,9 @@ def test_a_killed_ray_worker_restarts_the_group_on_the_same_trajectory(tmp_path,
   pids = set(re.findall(r"Ray Train worker 1 of 2 \(pid (\d+)", job.output))
   assert len(pids) == 2, pids  # a second group: a new process for worker 1
   assert_same_state(checkpoint_arrays(model_dir, _STEPS), ray_run[0], atol=1e-6)
+  read = _ray_result(model_dir)  # the restarted group reported the end
+  assert read["metrics"] == json.loads((model_dir / "summary.json").read_text())
+  assert read["checkpoint_dir"] == str(model_dir / "checkpoints" / str(_STEPS))
 
 
 @needs_ray
