@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -205,3 +206,31 @@ def test_a_preemption_notice_saves_once_per_notice():
   action = ray_train.SaveOnPreemptionNotice(lambda: next(notices))
   boundary = type("Boundary", (), {"step": 5})()
   assert [action(boundary) for _ in range(6)] == [None, None, "save", None, None, "save"]
+
+
+@needs_ray
+def test_a_ray_checkpoint_whose_step_is_gone_is_refused(tmp_path):
+  """Rank 0's report carries the pointer, the others' none (the same calls: a barrier);
+  checkpoint_dir resolves it to checkpoints/<step>, and refuses it in one line once
+  orbax's max_to_keep removed that step (never another step's weights)."""
+  from ray.train import Checkpoint  # pylint: disable=g-import-not-at-top
+  from trainer import ray_train  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  reported = []
+
+  def report(metrics, checkpoint=None):  # as Ray: the pointer copied before report returns
+    if checkpoint is not None:
+      kept = shutil.copytree(checkpoint.path, tmp_path / f"ray_{len(reported)}")
+      checkpoint = Checkpoint.from_directory(str(kept))
+    reported.append((metrics, checkpoint))
+
+  model_dir = tmp_path / "run"
+  (model_dir / "checkpoints" / "20").mkdir(parents=True)
+  ray_train.Reporter(report, str(model_dir), rank_zero=True).at_end({"step": 20, "eval_loss": 1.5})
+  ray_train.Reporter(report, str(model_dir), rank_zero=False).at_end({"step": 20, "eval_loss": 1.5})
+  (metrics, pointer), (_, none) = reported
+  assert metrics == {"step": 20, "eval_loss": 1.5} and none is None
+  assert ray_train.checkpoint_dir(pointer) == str(model_dir / "checkpoints" / "20")
+  (model_dir / "checkpoints" / "20").rmdir()
+  with pytest.raises(UserError, match="step 20 of this Ray checkpoint is not on disk"):
+    ray_train.checkpoint_dir(pointer)
