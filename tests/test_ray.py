@@ -1,7 +1,8 @@
 """Ray Train (examples/ray_train.py, trainer/ray_train.py): 2 Ray workers on
 127.0.0.1 train the weights of 2 local replicas; a worker killed mid-run makes Ray restart
-the group, which resumes to the weights of the uninterrupted run; bad input is one line
-before Ray starts; trainer.run works off the main thread, where Ray runs it.
+the group, which resumes to the weights of the uninterrupted run; the Result's metrics are
+summary.json's and its checkpoint leads to the final step's; bad input is one line before
+Ray starts; trainer.run works off the main thread, where Ray runs it.
 
 The Ray jobs run in the private network namespace of the multi-process tests
 (tests/processes.py): Ray's servers, like TensorFlow's, listen on every address."""
