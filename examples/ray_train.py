@@ -23,4 +23,5 @@ result = TensorflowTrainer(
     run_config=RunConfig(name=job.name, storage_path=job.storage_path,
                          failure_config=FailureConfig(max_failures=job.max_failures)),
 ).fit()
-print(result.metrics)
+print(result.metrics)  # rank 0's summary.json: step, train_loss, eval_accuracy, ...
+print(ray_train.checkpoint_dir(result.checkpoint))  # <model_dir>/checkpoints/<final step>

@@ -1,7 +1,8 @@
 """Ray Train (examples/ray_train.py, trainer/ray_train.py): 2 Ray workers on
 127.0.0.1 train the weights of 2 local replicas; a worker killed mid-run makes Ray restart
-the group, which resumes to the weights of the uninterrupted run; bad input is one line
-before Ray starts; trainer.run works off the main thread, where Ray runs it.
+the group, which resumes to the weights of the uninterrupted run; the Result's metrics are
+summary.json's and its checkpoint leads to the final step's; bad input is one line before
+Ray starts; trainer.run works off the main thread, where Ray runs it.
 
 The Ray jobs run in the private network namespace of the multi-process tests
 (tests/processes.py): Ray's servers, like TensorFlow's, listen on every address."""
@@ -9,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,8 +47,15 @@ _HANG = 420  # seconds: far above a healthy Ray run here
 
 
 def _ray_job(model_dir, *flags: str) -> TrainerProcess:
+  """The example on 2 Ray workers; what its `result` holds goes to <model_dir>.result.json."""
   return TrainerProcess(None, f"--model_dir={model_dir}", *_FLAGS, *flags, module="tests.ray_job",
-                        env=_RAY_ENV, prefix=loopback_only())
+                        env={**_RAY_ENV, "RAY_JOB_RESULT": f"{model_dir}.result.json"},
+                        prefix=loopback_only())
+
+
+def _ray_result(model_dir) -> dict:
+  """What the Ray user read (tests/ray_job.py): metrics, checkpoint_dir, dataframe_steps."""
+  return json.loads(open(f"{model_dir}.result.json", encoding="utf-8").read())
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +97,25 @@ def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, launched, tw
   summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["num_replicas"] == 2 and summary["strategy"] == "multi_worker_mirrored"
   assert summary["step"] == _STEPS
-  assert "'step': 60" in output  # rank 0's summary, reported to Ray: the Result's metrics
   # Plain SGD: equal weights mean the same gradients, reduced once, at every step
   # (measured: bit for bit, against both; a gradient counted twice is off by 1e-2 or more).
   assert_same_state(arrays, two_replicas, atol=1e-6)
   assert_same_state(arrays, launched, atol=1e-6)
+
+
+@needs_ray
+@needs_loopback
+def test_ray_result_holds_the_summary_and_the_final_checkpoint(ray_run):
+  """Ray Train V2 keeps the metrics reported with a checkpoint only: result.metrics is
+  rank 0's summary.json, result.checkpoint points at the final step's orbax checkpoint,
+  and metrics_dataframe has a row per checkpoint.interval (20) step."""
+  _, _, model_dir = ray_run
+  read = _ray_result(model_dir)
+  summary = json.loads((model_dir / "summary.json").read_text())
+  assert read["metrics"] == summary, (read["metrics"], summary)
+  assert read["metrics"]["step"] == _STEPS and "eval_accuracy" in read["metrics"]
+  assert read["checkpoint_dir"] == str(model_dir / "checkpoints" / str(_STEPS))
+  assert read["dataframe_steps"] == [20, 40, _STEPS]
 
 
 @needs_ray
@@ -112,6 +135,9 @@ def test_a_killed_ray_worker_restarts_the_group_on_the_same_trajectory(tmp_path,
   pids = set(re.findall(r"Ray Train worker 1 of 2 \(pid (\d+)", job.output))
   assert len(pids) == 2, pids  # a second group: a new process for worker 1
   assert_same_state(checkpoint_arrays(model_dir, _STEPS), ray_run[0], atol=1e-6)
+  read = _ray_result(model_dir)  # the restarted group reported the end
+  assert read["metrics"] == json.loads((model_dir / "summary.json").read_text())
+  assert read["checkpoint_dir"] == str(model_dir / "checkpoints" / str(_STEPS))
 
 
 @needs_ray
@@ -181,3 +207,31 @@ def test_a_preemption_notice_saves_once_per_notice():
   action = ray_train.SaveOnPreemptionNotice(lambda: next(notices))
   boundary = type("Boundary", (), {"step": 5})()
   assert [action(boundary) for _ in range(6)] == [None, None, "save", None, None, "save"]
+
+
+@needs_ray
+def test_a_ray_checkpoint_whose_step_is_gone_is_refused(tmp_path):
+  """Rank 0's report carries the pointer, the others' none (the same calls: a barrier);
+  checkpoint_dir resolves it to checkpoints/<step>, and refuses it in one line once
+  orbax's max_to_keep removed that step (never another step's weights)."""
+  from ray.train import Checkpoint  # pylint: disable=g-import-not-at-top
+  from trainer import ray_train  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  reported = []
+
+  def report(metrics, checkpoint=None):  # as Ray: the pointer copied before report returns
+    if checkpoint is not None:
+      kept = shutil.copytree(checkpoint.path, tmp_path / f"ray_{len(reported)}")
+      checkpoint = Checkpoint.from_directory(str(kept))
+    reported.append((metrics, checkpoint))
+
+  model_dir = tmp_path / "run"
+  (model_dir / "checkpoints" / "20").mkdir(parents=True)
+  ray_train.Reporter(report, str(model_dir), rank_zero=True).at_end({"step": 20, "eval_loss": 1.5})
+  ray_train.Reporter(report, str(model_dir), rank_zero=False).at_end({"step": 20, "eval_loss": 1.5})
+  (metrics, pointer), (_, none) = reported
+  assert metrics == {"step": 20, "eval_loss": 1.5} and none is None
+  assert ray_train.checkpoint_dir(pointer) == str(model_dir / "checkpoints" / "20")
+  (model_dir / "checkpoints" / "20").rmdir()
+  with pytest.raises(UserError, match="step 20 of this Ray checkpoint is not on disk"):
+    ray_train.checkpoint_dir(pointer)
