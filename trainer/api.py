@@ -34,6 +34,7 @@ from trainer.loop import continuous_eval
 from trainer.state import config_changes
 from trainer.state import model_dir as layout
 from trainer.state import writer_lock
+from trainer.task import module_names
 from trainer.task import plugins
 from trainer.task import validation
 from trainer.errors import Preempted, UserCodeError, UserError
@@ -180,8 +181,10 @@ def _as_config(config):
   if isinstance(config, str):
     from configs import files  # pylint: disable=g-import-not-at-top
     try:
-      return files.load(files.resolve(config))
-    except files.ConfigFileError as e:
+      spec = files.resolve(config)
+      module_names.put_config_folder_on_path(spec)
+      return files.load(spec)
+    except (files.ConfigFileError, ValueError) as e:
       raise UserError(str(e)) from None
   return config
 
