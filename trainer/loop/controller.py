@@ -344,13 +344,14 @@ class Trainer:
     boundary = self._boundary(position.step, train_metrics)
     self._position = position
     deciding = {id(action) for action in [*self._user_actions, self._early_stop] if action}
-    decided, user_ran = {}, False
+    decided, user_ran, ran = {}, False, set()
     for action in schedule.actions:
       if action is self._save_by_clock:
         continue  # last, once the decisions are known
       if not action.due(position.step, schedule.last_step, evaluated=boundary.evaluated,
                         clock_due=schedule.clock_due(action, clock_bits)):
         continue
+      ran.add(id(action))
       decision = action.run(boundary)
       if id(action) in deciding:
         user_ran = True
@@ -359,6 +360,10 @@ class Trainer:
     stop = save = False
     if user_ran:  # the same boundaries on every worker: one collective, all decide alike
       stop, save = self.agreement.any_of_each(["stop" in decided, "save" in decided])
+    if stop:  # finish as at the last step: its at_end actions (the final eval first)
+      boundary.final = True
+      for action in schedule.due_when_stopping(boundary, ran, last=self._save_by_clock):
+        action.run(boundary)  # a decision changes nothing now: this step is saved, the end
     clock_due = schedule.clock_due(self._save_by_clock, clock_bits)
     if clock_due and not self._save_by_clock.due(position.step, schedule.last_step,
                                                  evaluated=False, clock_due=False):
