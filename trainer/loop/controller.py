@@ -43,6 +43,7 @@ from trainer.loop import summaries
 from trainer.state import export
 from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
+from trainer.task import epochs
 from trainer.task import preprocess
 from trainer.task import user_code
 from trainer.task.state import TaskState
@@ -82,6 +83,7 @@ class Trainer:
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
+    self._epoch_size = epochs.num_examples(self.train_source)  # None: a tf.data stream
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
     for action in self._user_actions:  # a blocked Action cannot keep the job from ending
       action.guard = self._run_user_action
@@ -521,7 +523,9 @@ class Trainer:
     num_steps, loop_seconds = self._last_loop
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
     learning_rates = self.state.learning_rates()  # the rates of the next step
+    epoch = epochs.epoch(self._position.examples, self._epoch_size)
     reported = {
+        **({"epoch": epoch} if epoch is not None else {}),
         **{name: metrics[name] for name in self._train_sums.names},
         **learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
@@ -531,6 +535,7 @@ class Trainer:
     self._log_metrics(step, "train", reported)
     rates = " ".join(f"{rate:.3g}" for rate in learning_rates.values())
     progress.show(step, self.config.train.steps,
+                  ("" if epoch is None else f"epoch {epoch:.2f} | ") +
                   f"{_metrics_line(metrics, self._train_names)} | lr {rates} | "
                   f"{examples_per_sec:.0f} examples/s | "
                   f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")
