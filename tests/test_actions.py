@@ -133,3 +133,58 @@ def test_two_workers_stop_together_where_one_decides(tmp_path, decider):
   assert summary["step"] == 40 and summary["num_replicas"] == 2
   assert "40" in os.listdir(tmp_path / "run" / "checkpoints")
   assert os.path.isdir(tmp_path / "run" / "export" / "40")
+
+
+def _quick_config(steps=10, **fields):
+  """synthetic, `steps` steps in loops of 2, a small eval split; `fields`: checkpoint.X."""
+  import configs  # pylint: disable=g-import-not-at-top
+  config = configs.get("synthetic")
+  config.unlock()
+  config.train.steps, config.train.steps_per_loop = steps, 2
+  config.data.num_train_examples, config.data.num_eval_examples = 256, 64
+  for name, value in fields.items():
+    setattr(config.checkpoint, name, value)
+  return config
+
+
+def _recording_at_end(seen: list):
+  import trainer  # pylint: disable=g-import-not-at-top
+  return trainer.Action(
+      lambda boundary: seen.append((boundary.step, boundary.final, boundary.eval is not None)),
+      at_end=True, name="at_end_recorder")
+
+
+@pytest.mark.parametrize("ending", [pytest.param("last step", marks=pytest.mark.slow),
+                                    "an action's stop", "early stopping"])
+def test_at_end_actions_run_on_every_normal_finish(tmp_path, ending):
+  """"stop" finishes as at the last step: the at_end actions run there, once, after the
+  final eval (which they see), whoever stopped the run."""
+  import trainer  # pylint: disable=g-import-not-at-top
+  seen, mode, actions = [], "train", []
+  config = _quick_config()
+  if ending == "an action's stop":
+    actions = [trainer.Action(lambda boundary: "stop" if boundary.step == 4 else None,
+                              every_steps=2, name="stop_at_4")]
+  elif ending == "early stopping":  # eval every 2 steps; a loss within 10 is no gain: stops at 4
+    config = _quick_config(early_stop_patience=1, best_metric="loss", best_mode="min",
+                           early_stop_min_delta=10.0)
+    config.eval.interval, mode = 2, "train_and_eval"
+  summary = trainer.run(config, str(tmp_path), mode=mode,
+                        actions=[*actions, _recording_at_end(seen)])
+  step = 10 if ending == "last step" else 4
+  assert summary["step"] == step
+  assert seen == [(step, True, True)]
+
+
+@pytest.mark.parametrize("phase", ["restored", "eval", *[pytest.param(phase, marks=pytest.mark.slow)
+                                                         for phase in ("export", "summary")]])
+def test_a_decision_at_a_phase_is_refused_in_one_line_naming_it(tmp_path, phase):
+  import trainer  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserCodeError  # pylint: disable=g-import-not-at-top
+  deciding = trainer.Action(lambda boundary: "stop", phase=phase, name="stops_at_a_phase")
+  with pytest.raises(UserCodeError) as raised:
+    trainer.run(_quick_config(steps=2), str(tmp_path), actions=[deciding])
+  message = str(raised.value)
+  assert message.startswith(f"action 'stops_at_a_phase' (phase={phase!r}) returned 'stop' at "
+                            f"step "), message
+  assert "which a phase cannot honour" in message and "\n" not in message

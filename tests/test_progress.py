@@ -46,8 +46,8 @@ def _run_on_a_terminal(model_dir) -> tuple[int, str]:
 def test_on_a_terminal_the_line_is_redrawn_in_place(tmp_path):
   code, seen = _run_on_a_terminal(tmp_path)
   assert code == 0, seen[-3000:]
-  draws = re.findall(r"\r\x1b\[K(step (\d+)/40 \[[#.]{20}\] \d+% \| loss [\d.]+ .*? examples/s "
-                     r"\| ETA \d+:\d\d:\d\d)", seen)
+  draws = re.findall(r"\r\x1b\[K(step (\d+)/40 \[[#.]{20}\] \d+% \| epoch [\d.]+ \| loss [\d.]+ "
+                     r".*? examples/s \| ETA \d+:\d\d:\d\d)", seen)
   assert [int(step) for _, step in draws][:4] == [10, 20, 30, 40], seen[-3000:]
   assert "step 40/40 [####################] 100% |" in seen
   # No scrolled progress log lines; other log lines erase the live one and start a line.

@@ -34,6 +34,8 @@ from trainer.loop import continuous_eval
 from trainer.state import config_changes
 from trainer.state import model_dir as layout
 from trainer.state import writer_lock
+from trainer.task import epochs
+from trainer.task import module_names
 from trainer.task import plugins
 from trainer.task import validation
 from trainer.errors import Preempted, UserCodeError, UserError
@@ -108,13 +110,17 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   training = mode in ("train", "train_and_eval")
   if training:
     config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
-    step = layout.finished_step(model_dir, config.train.steps, config.to_dict())
-    if step is not None:
+    if _already_finished(model_dir, config):
       return {**layout.read_summary(model_dir), "already_finished": True}
   # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
   # download path does import TensorFlow, hence the silenced start-up lines.)
   with native_startup_silenced():
     splits = plugins.load_data(config.data, config.runtime.seed)
+  if config.train.epochs:  # from here on, a run of the steps they make
+    config = epochs.resolved(config, splits[0])
+    if training and _already_finished(model_dir, config):
+      return {**layout.read_summary(model_dir), "already_finished": True}
+  with native_startup_silenced():
     from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer.loop import controller  # pylint: disable=g-import-not-at-top,unused-import
     from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
@@ -138,6 +144,12 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
         else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions,
                      config_source)
+
+
+def _already_finished(model_dir: str, config) -> bool:
+  """A finished run of this config is there (train.epochs: known once the data is)."""
+  return not config.train.epochs and layout.finished_step(
+      model_dir, config.train.steps, config.to_dict()) is not None
 
 
 def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
@@ -180,8 +192,10 @@ def _as_config(config):
   if isinstance(config, str):
     from configs import files  # pylint: disable=g-import-not-at-top
     try:
-      return files.load(files.resolve(config))
-    except files.ConfigFileError as e:
+      spec = files.resolve(config)
+      module_names.put_config_folder_on_path(spec)
+      return files.load(spec)
+    except (files.ConfigFileError, ValueError) as e:
       raise UserError(str(e)) from None
   return config
 

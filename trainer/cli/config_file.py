@@ -30,6 +30,7 @@ from configs.files import ConfigFileError
 from configs.files import load
 from input_pipelines.native_output import native_startup_silenced
 from trainer.state import model_dir as layout
+from trainer.task import module_names
 from trainer.errors import UserError
 
 READING_MODES = ("eval", "export", "continuous_eval")
@@ -99,6 +100,10 @@ class Parser(flags.ArgumentParser):
     # start-up lines before any refusal: hidden, as for plug-ins (Python errors still show).
     if not any(arg.startswith(("--verbosity", "-v")) for arg in sys.argv[1:]):
       os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read when TensorFlow is imported
+    try:
+      module_names.put_config_folder_on_path(argument)
+    except ValueError as e:
+      raise ConfigFileError(str(e)) from None
     with native_startup_silenced():
       config = load(argument)
     if self._lock_config:

@@ -6,7 +6,8 @@ An Action is a function and a rule saying when it is due:
     every_seconds=T   once T seconds passed since it last ran (the chief's clock decides
                       for every worker: clocks differ)
     after_eval=True   at a boundary where an eval just ran (early stopping, keep-best)
-    at_end=True       at the final step
+    at_end=True       at the final step, or where the run stops early (an action's
+                      "stop", early stopping); not when preempted (exit 42) or failing
     every_boundary    at every loop boundary (train.steps_per_loop)
     phase="..."       at a phase of the run rather than a boundary: "restored" (after
                       the restore, before training), "eval" (as an eval starts),
@@ -16,7 +17,8 @@ An Action is a function and a rule saying when it is due:
 It is called with a `Boundary` (the step, the latest train and eval metrics, the
 model_dir, whether this process is the chief, the task) and may return a decision
 for the whole job: "stop" (save this step, then end training as if it were the
-last: final eval, export, exit 0) or "save" (checkpoint this step now). A decision
+last: the at_end actions and the final eval, export, exit 0) or "save" (checkpoint
+this step now). An action at a phase cannot decide: a decision there is refused. A decision
 is agreed across workers (any worker deciding decides for all), so every worker
 acts at the same step. Every worker runs every action (write files on the chief
 only: `boundary.is_chief`).
@@ -39,7 +41,7 @@ from typing import Any, Callable
 
 from trainer.loop import periodic
 from trainer.task import user_code
-from trainer.errors import UserError
+from trainer.errors import UserCodeError, UserError
 
 DECISIONS = ("stop", "save")
 PHASES = ("restored", "eval", "export", "summary")
@@ -49,7 +51,7 @@ PHASES = ("restored", "eval", "export", "summary")
 class Boundary:
   """What an action sees. `train`: the metrics of the loop that just ended (means over
   its steps); `eval`: the latest eval's (None before the first); `evaluated`: an eval
-  ran at this step."""
+  ran at this step; `final`: training ends at this step (the last, or a "stop")."""
   step: int
   train: dict
   eval: dict | None
@@ -158,6 +160,24 @@ class Schedule:
       action.timer.restart()
 
   def at_phase(self, phase: str, boundary: Boundary) -> None:
+    """Runs the actions of `phase`; a decision there is refused (UserCodeError): a phase
+    is not a loop boundary, so neither "stop" nor "save" could be honoured."""
     for action in self.actions:
       if action.phase == phase:
-        action.run(boundary)
+        decision = action.run(boundary)
+        if decision is not None:
+          raise UserCodeError(
+              f"action {action.name!r} (phase={phase!r}) returned {decision!r} at step "
+              f"{boundary.step}, which a phase cannot honour: only an action due at a loop "
+              f"boundary (every_steps, every_seconds, after_eval, at_end, every_boundary) "
+              f"may return 'stop' or 'save'")
+
+  def due_when_stopping(self, boundary: Boundary, ran: set, last: Action):
+    """At a boundary where the run stops early ("stop", early stopping), the actions it
+    would have run had it been the last step, and has not run yet: at_end ones (the
+    final eval among them), then after_eval ones once that eval ran; `last` (the
+    checkpoint) excepted. Lazily: an eval run here makes the after_eval ones due."""
+    for action in self.actions:
+      if action is not last and id(action) not in ran and action.due(
+          boundary.step, boundary.step, evaluated=boundary.evaluated, clock_due=False):
+        yield action

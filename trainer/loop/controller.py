@@ -43,6 +43,7 @@ from trainer.loop import summaries
 from trainer.state import export
 from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
+from trainer.task import epochs
 from trainer.task import preprocess
 from trainer.task import user_code
 from trainer.task.state import TaskState
@@ -82,6 +83,7 @@ class Trainer:
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
+    self._epoch_size = epochs.num_examples(self.train_source)  # None: a tf.data stream
     self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
     for action in self._user_actions:  # a blocked Action cannot keep the job from ending
       action.guard = self._run_user_action
@@ -344,13 +346,14 @@ class Trainer:
     boundary = self._boundary(position.step, train_metrics)
     self._position = position
     deciding = {id(action) for action in [*self._user_actions, self._early_stop] if action}
-    decided, user_ran = {}, False
+    decided, user_ran, ran = {}, False, set()
     for action in schedule.actions:
       if action is self._save_by_clock:
         continue  # last, once the decisions are known
       if not action.due(position.step, schedule.last_step, evaluated=boundary.evaluated,
                         clock_due=schedule.clock_due(action, clock_bits)):
         continue
+      ran.add(id(action))
       decision = action.run(boundary)
       if id(action) in deciding:
         user_ran = True
@@ -359,6 +362,10 @@ class Trainer:
     stop = save = False
     if user_ran:  # the same boundaries on every worker: one collective, all decide alike
       stop, save = self.agreement.any_of_each(["stop" in decided, "save" in decided])
+    if stop:  # finish as at the last step: its at_end actions (the final eval first)
+      boundary.final = True
+      for action in schedule.due_when_stopping(boundary, ran, last=self._save_by_clock):
+        action.run(boundary)  # a decision changes nothing now: this step is saved, the end
     clock_due = schedule.clock_due(self._save_by_clock, clock_bits)
     if clock_due and not self._save_by_clock.due(position.step, schedule.last_step,
                                                  evaluated=False, clock_due=False):
@@ -517,7 +524,9 @@ class Trainer:
     num_steps, loop_seconds = self._last_loop
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
     learning_rates = self.state.learning_rates()  # the rates of the next step
+    epoch = epochs.epoch(self._position.examples, self._epoch_size)
     reported = {
+        **({"epoch": epoch} if epoch is not None else {}),
         **{name: metrics[name] for name in self._train_sums.names},
         **learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
@@ -527,6 +536,7 @@ class Trainer:
     self._log_metrics(step, "train", reported)
     rates = " ".join(f"{rate:.3g}" for rate in learning_rates.values())
     progress.show(step, self.config.train.steps,
+                  ("" if epoch is None else f"epoch {epoch:.2f} | ") +
                   f"{_metrics_line(metrics, self._train_names)} | lr {rates} | "
                   f"{examples_per_sec:.0f} examples/s | "
                   f"ETA {_eta(self.config.train.steps - step, loop_seconds / num_steps)}")

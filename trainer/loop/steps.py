@@ -107,11 +107,12 @@ def _example_count(batch):
 
 
 # Names distloop reports itself next to a step's values (the example count, the learning
-# rates, the throughput, the gradient norms, summary.json's train_/eval_time_sec, the eval
-# mode's step): a value of the same name would be overwritten by distloop's, or overwrite it.
+# rates, the throughput, the gradient norms, the epoch, summary.json's train_/eval_time_sec,
+# the eval mode's step): a value of the same name would be overwritten by distloop's, or
+# overwrite it.
 RESERVED = ("examples", "step", "examples_per_sec", "steps_per_sec", "time_sec",
             "learning_rate", "learning_rate_*", "grad_norm", "*_grad_norm", "gradient_norm",
-            "*_gradient_norm")
+            "*_gradient_norm", "epoch")
 
 
 def is_reserved(name: str) -> bool:

@@ -3,7 +3,7 @@
 MODULE is a dotted importable module (`my_project.models`) or a path to a `.py`
 file (`/work/my_project/models.py`, or relative to the working directory). A file
 is imported under its own name with its folder put on `sys.path`, so it may
-import its siblings. Every failure is a `UserError` naming the config field and
+import its siblings (none named like distloop's packages: module_names.py). Every failure is a `UserError` naming the config field and
 the plug-in, so a typo is one line on stderr (exit 2), not a traceback.
 
 `build_model` and `load_data` are where `model.name` and `data.name` become a
@@ -22,6 +22,7 @@ from input_pipelines import padding
 from input_pipelines.errors import DataError
 import models
 from trainer.errors import UserError  # re-exported for registries
+from trainer.task import module_names
 
 
 def is_plugin(spec: str) -> bool:
@@ -111,10 +112,12 @@ def _import(field: str, spec: str, module_name: str):
     path = os.path.abspath(module_name)
     if not os.path.isfile(path):
       raise UserError(f"{field}={spec!r}: no such file {path}")
-    folder, stem = os.path.split(path)
+    stem = os.path.basename(path)
     stem = stem[:-len(".py")] if stem.endswith(".py") else stem
-    if folder not in sys.path:
-      sys.path.insert(0, folder)
+    try:
+      module_names.put_on_path(path, f"{field}={spec!r}")
+    except ValueError as e:
+      raise UserError(str(e)) from None
     name = stem
     if name in sys.modules:  # imported already, or a name taken (e.g. a user's models.py)
       if getattr(sys.modules[name], "__file__", None) == path:

@@ -15,6 +15,7 @@ import ml_collections
 import input_pipelines
 from input_pipelines import padding
 import models
+from trainer.task import epochs
 from trainer.task import heads
 from trainer.task import plugins
 from trainer.state import model_dir as layout
@@ -67,8 +68,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _one_of(config, "train.from_logits", ("auto", "true", "false"))
   _metrics(config)
 
-  for field in ("train.steps", "train.global_batch_size", "train.steps_per_loop",
-                "train.accumulation_steps"):
+  epochs.check_config(config)
+  for field in (("train.global_batch_size", "train.steps_per_loop", "train.accumulation_steps")
+                + (() if config.train.epochs else ("train.steps",))):
     _positive(config, field)
   if config.train.task and config.train.accumulation_steps != 1:
     raise UserError(f"train.accumulation_steps={config.train.accumulation_steps} applies to the "
@@ -84,7 +86,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
   plugins.resolve("train.lr_schedule", config.train.lr_schedule, dict.fromkeys(LR_SCHEDULES))
   _non_negative(config, "train.warmup_steps")
-  if config.train.lr_schedule == "cosine" and config.train.warmup_steps >= config.train.steps:
+  if (config.train.lr_schedule == "cosine" and not config.train.epochs  # else: epochs.py
+      and config.train.warmup_steps >= config.train.steps):
     raise UserError(f"train.warmup_steps={config.train.warmup_steps} must be below "
                     f"train.steps={config.train.steps}")
   _positive(config, "train.lr_decay_steps")
