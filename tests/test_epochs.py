@@ -63,3 +63,26 @@ def test_epochs_the_run_cannot_honour_are_refused_in_one_line(tmp_path, train, d
     trainer.run(config, str(tmp_path / "run"))
   assert message in str(refused.value) and "\n" not in str(refused.value)
   assert not os.path.exists(tmp_path / "run")
+
+
+_SMALL = ("--config=synthetic", "--config.data.num_train_examples=256",
+          "--config.data.num_eval_examples=64", "--config.train.global_batch_size=32",
+          "--config.train.steps_per_loop=4")
+
+
+def test_epochs_on_the_command_line_replace_the_config_files_steps(tmp_path):
+  """The built-in configs set train.steps: `--config.train.epochs=2` alone must train by
+  epochs (the tutorial's `epochs=5`), not be refused for the file's steps."""
+  from tests.cli import train_ok  # pylint: disable=g-import-not-at-top
+  summary = train_ok(tmp_path, *_SMALL, "--config.train.epochs=2")
+  assert summary["step"] == 16
+
+
+def test_epochs_and_steps_both_on_the_command_line_are_refused(tmp_path):
+  from tests.cli import run_trainer  # pylint: disable=g-import-not-at-top
+  result = run_trainer(tmp_path / "run", *_SMALL, "--config.train.epochs=2",
+                       "--config.train.steps=10")
+  assert result.returncode == 2, result.stderr
+  line, = [line for line in result.stderr.splitlines() if line.strip()]
+  assert "train.epochs=2 and train.steps=10 are both set: give one" in line, line
+  assert not os.path.exists(tmp_path / "run")

@@ -30,6 +30,7 @@ from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.loop import progress
 from trainer.state import model_dir as layout
+from trainer.task import epochs
 from trainer.task import validation
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
@@ -173,7 +174,14 @@ def _load_config():
     config.lock()  # touching the config surfaces a load failure here
   except (IOError, AttributeError) as e:
     raise UserError(f"cannot load --config: {str(e).splitlines()[0]}") from None
+  epochs.one_length(config, overridden=_overridden_fields(sys.argv[1:]))
   return config
+
+
+def _overridden_fields(argv: list[str]) -> set[str]:
+  """The config fields a `--config.FIELD=VALUE` (or `--config.FIELD VALUE`) sets."""
+  return {arg.lstrip("-").split("=", 1)[0].removeprefix("config.") for arg in argv
+          if arg.lstrip("-").startswith("config.")}
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

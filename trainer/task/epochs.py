@@ -18,6 +18,24 @@ from absl import logging
 from trainer.errors import UserError
 
 
+def one_length(config, *, overridden: set[str]) -> None:
+  """The command line's length replaces the config file's: `--config.train.epochs=5` on a
+  config that sets train.steps trains 5 epochs (and `--config.train.steps=N` on one that
+  sets train.epochs, N steps). Both on the command line, or both in the file: check_config
+  refuses them."""
+  train = config.train
+  if "train.epochs" in overridden and "train.steps" not in overridden and train.epochs:
+    if train.steps:
+      logging.info("--config.train.epochs=%g replaces the config's train.steps=%d",
+                   train.epochs, train.steps)
+    train.steps = 0
+  elif "train.steps" in overridden and "train.epochs" not in overridden and train.steps:
+    if train.epochs:
+      logging.info("--config.train.steps=%d replaces the config's train.epochs=%g",
+                   train.steps, train.epochs)
+    train.epochs = 0.0
+
+
 def check_config(config) -> None:
   """Start-up (no data yet): train.epochs >= 0, and not given together with train.steps."""
   epochs, steps = config.train.epochs, config.train.steps
@@ -25,7 +43,7 @@ def check_config(config) -> None:
     raise UserError(f"train.epochs={epochs:g} must be >= 0 (0: the run's length is train.steps)")
   if epochs and steps:
     raise UserError(f"train.epochs={epochs:g} and train.steps={steps} are both set: give one "
-                    f"(--config.train.steps=0 to train by epochs)")
+                    f"(on the command line, either one replaces the config file's)")
 
 
 def resolved(config, train_split):
