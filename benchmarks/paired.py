@@ -18,13 +18,18 @@ from benchmarks import throughput
 
 _BASELINE = flags.DEFINE_string("baseline", None, "a checkout of the commit to compare with",
                                 required=True)
+_WORKERS = flags.DEFINE_integer("workers", 1, "processes through `python -m trainer.launch` "
+                                "(each with --replicas logical CPU devices); 1 = one process")
+_TRAINER_FLAGS = flags.DEFINE_list("trainer_flags", [], "more trainer flags for every run, "
+                                   "e.g. --config.runtime.deterministic=true")
 
 
 def _in(directory: str, batch: int, replicas: int, steps: int) -> float:
   here = os.getcwd()
   os.chdir(directory)  # `python -m trainer` imports the checkout it runs in
   try:
-    return throughput._distloop(batch, replicas, steps)["examples_per_sec"]  # pylint: disable=protected-access
+    return throughput._distloop(batch, replicas, steps, workers=_WORKERS.value,  # pylint: disable=protected-access
+                                extra_flags=tuple(_TRAINER_FLAGS.value))["examples_per_sec"]  # pylint: disable=protected-access
   finally:
     os.chdir(here)
 

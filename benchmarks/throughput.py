@@ -146,17 +146,27 @@ def _runner(name: str, batch: int, replicas: int, steps: int, *extra: str,
   raise _failure(command, code, stderr)
 
 
-def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 0) -> dict:
-  """One run of the distloop CLI, exactly as a user types it, in a fresh model_dir."""
+def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 0,
+              workers: int = 1, extra_flags: tuple = ()) -> dict:
+  """One run of the distloop CLI, exactly as a user types it, in a fresh model_dir; with
+  `workers` > 1, `python -m trainer.launch --num_workers=N` on a private loopback network
+  (`replicas` per worker process, 1 on a CPU)."""
   with tempfile.TemporaryDirectory(prefix="distloop_throughput_") as model_dir:
-    command = [
-        sys.executable, "-m", "trainer", "--config=synthetic", f"--model_dir={model_dir}",
+    trainer_flags = [
+        "--config=synthetic", f"--model_dir={model_dir}",
         f"--config.train.steps={steps}", f"--config.train.global_batch_size={batch}",
         f"--config.train.steps_per_loop={_STEPS_PER_LOOP.value}",
         f"--config.checkpoint.interval={checkpoint_interval or steps}",
-        f"--config.runtime.strategy={'default' if replicas == 1 else 'mirrored'}",
-        f"--config.runtime.num_cpu_devices={replicas}",
-        f"--config.model.name={_MODEL.value}", f"--config.model.mlp_units={_MLP_UNITS.value}"]
+        f"--config.model.name={_MODEL.value}", f"--config.model.mlp_units={_MLP_UNITS.value}",
+        *extra_flags]
+    if workers == 1:
+      command = [sys.executable, "-m", "trainer", *trainer_flags,
+                 f"--config.runtime.strategy={'default' if replicas == 1 else 'mirrored'}",
+                 f"--config.runtime.num_cpu_devices={replicas}"]
+    else:  # the launcher adds runtime.strategy; TF's servers listen on 0.0.0.0: no network
+      command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+                 sys.executable, "-m", "trainer.launch", f"--num_workers={workers}", "--",
+                 *trainer_flags, f"--config.runtime.num_cpu_devices={replicas}"]
     _, stderr, code, peak_rss_mb = _run_child(command, _CPU_KERNELS.value)
     if code != 0:
       raise _failure(command, code, stderr)

@@ -3,7 +3,7 @@
     python -m tests.fake_task --state_dir=DIR [--then=ACTION] [--task=NAME=ACTION ...]
 
 It reads TF_CONFIG, records itself in DIR (`pids`: "name pid address" per start;
-`NAME.json`: its TF_CONFIG and argv; `signals`: "name SIGNAL" per signal received), prints
+`NAME.json`: its TF_CONFIG, argv and DISTLOOP_CORES; `signals`: "name SIGNAL" per signal received), prints
 `task worker 1 of cluster {...} ready` on stdout and a line on stderr, then acts.
 The trainers (every worker without a chief; the chief with one) do `--then`; the
 servers (worker and ps next to a chief) `serve`; `--task=worker-1=crash` overrides one task.
@@ -66,7 +66,8 @@ def main() -> int:
   if action == "crash_once":
     action = "crash" if starts == 0 else default
   with open(os.path.join(args.state_dir, f"{name}.json"), "w") as f:
-    json.dump({"tf_config": tf_config, "argv": sys.argv[1:]}, f)
+    json.dump({"tf_config": tf_config, "argv": sys.argv[1:],
+               "cores": os.environ.get("DISTLOOP_CORES")}, f)
   address = tf_config["cluster"][kind][index]
   _record(args.state_dir, "pids", f"{name} {os.getpid()} {address}")
   if kind == "chief":  # like a coordinator, wait for every server of this cluster to be up

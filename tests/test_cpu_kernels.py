@@ -61,3 +61,32 @@ def test_replicas_on_logical_cpus_share_the_cores(tmp_path):
 def test_the_users_thread_setting_wins(tmp_path):
   line = _start_line(tmp_path / "own", {"TF_NUM_INTRAOP_THREADS": "3"})
   assert "thread(s) per op" not in line, line
+
+
+def _threads(monkeypatch, cores_env, **runtime_fields) -> int:
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+  if cores_env is None:
+    monkeypatch.delenv(runtime.CORES_ENV, raising=False)
+  else:
+    monkeypatch.setenv(runtime.CORES_ENV, cores_env)
+  config = common.base_config()
+  config.runtime.update(runtime_fields)
+  return runtime.threads_per_op_for(config.runtime)
+
+
+@pytest.mark.parametrize("intra_op_threads,expected", [(0, 1), (3, 3)])
+def test_deterministic_threads_per_op_follow_the_config_not_the_shape(
+    monkeypatch, intra_op_threads, expected):
+  """A summation's order follows the intra-op pool's size: under runtime.deterministic it is
+  the config's, the same for 2 local replicas, a launched worker or a lone process."""
+  shapes = [(devices, cores) for devices in (1, 2, 4) for cores in (None, "1", "2", "8")]
+  assert {_threads(monkeypatch, cores, num_cpu_devices=devices, deterministic=True,
+                   intra_op_threads=intra_op_threads) for devices, cores in shapes} == {expected}
+
+
+def test_otherwise_each_replica_gets_its_share_of_the_process_cores(monkeypatch):
+  assert _threads(monkeypatch, "8", num_cpu_devices=2) == 4
+  assert _threads(monkeypatch, "1", num_cpu_devices=2) == 1
+  assert _threads(monkeypatch, None, num_cpu_devices=1) == len(os.sched_getaffinity(0))

@@ -127,6 +127,30 @@ def test_synchronous_cluster_logs_and_exit_0(state_dir):
                                                                             "worker-1": 1}
 
 
+@pytest.mark.parametrize("launcher_flags,processes", [
+    (("--num_workers=2",), 2), (("--num_workers=3", "--num_ps=1"), 5),
+    (("--num_workers=2", "--num_evaluators=1"), 3)])
+def test_each_process_gets_its_share_of_the_cores(state_dir, launcher_flags, processes):
+  """N processes on one machine that each ran every op on every core would oversubscribe
+  the cores N times: the launcher tells each its share (DISTLOOP_CORES, read by
+  trainer/cluster/runtime.py)."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_NUM_INTRAOP_THREADS"}
+  command = [sys.executable, "-m", "trainer.launch", *_args(state_dir, *launcher_flags)]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+  assert result.returncode == 0, result.stderr
+  share = str(max(1, len(os.sched_getaffinity(0)) // processes))
+  recorded = {name: _recorded(state_dir, name)["cores"] for name in _starts(state_dir)}
+  assert len(recorded) == processes and set(recorded.values()) == {share}, recorded
+
+
+def test_the_users_thread_setting_is_left_to_the_trainers(state_dir):
+  env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "3"}
+  command = [sys.executable, "-m", "trainer.launch", *_args(state_dir, "--num_workers=2")]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+  assert result.returncode == 0, result.stderr
+  assert [_recorded(state_dir, f"worker-{i}")["cores"] for i in range(2)] == [None, None]
+
+
 def test_parameter_server_cluster_and_chief_success_stops_servers(state_dir):
   result = _launch(state_dir, "--num_workers=2", "--num_ps=1",
                    task_flags=["--config.runtime.strategy=parameter_server"])

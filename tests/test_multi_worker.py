@@ -16,9 +16,10 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
-from tests.cli import REPO, run_trainer, train_ok
+from tests.cli import FASHION_MNIST_DIR, REPO, run_trainer, train_ok
 from tests.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
                              loopback_only, needs_loopback)
 
@@ -244,3 +245,67 @@ def test_saves_by_wall_time_follow_the_chiefs_clock(tmp_path):
                                         r"the chief's clock: saving step (\d+)", job.output)]
     assert saved == [5, 10, 15], (task, job.output[-3000:])
   assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [5, 10, 15, 20]
+
+
+# Cluster-shape invariance as users run it: default threading (no TF_NUM_INTRAOP_THREADS),
+# long enough for a summation order that followed the shape to show (a ReLU or max-pool tie
+# going the other way: 1e-4 on the synthetic CNN and 8e-3 on Fashion-MNIST by step 200 when
+# a worker process ran each op on 2 threads and each of 2 local replicas on 1), plain SGD.
+_LONG_STEPS = 300
+_LONG_FLAGS = {
+    "synthetic": ["--config=synthetic", "--config.data.num_train_examples=1000",
+                  "--config.data.num_eval_examples=500", "--config.train.global_batch_size=48"],
+    "fashion_mnist": ["--config=mnist_cnn", "--config.data.name=fashion_mnist",
+                      f"--config.data.dir={FASHION_MNIST_DIR}", "--config.eval.interval=0",
+                      "--config.data.num_eval_examples=500"],
+}
+_LONG_COMMON = [f"--config.train.steps={_LONG_STEPS}", "--config.train.steps_per_loop=25",
+                "--config.checkpoint.interval=100", "--config.runtime.deterministic=true",
+                "--config.train.optimizer=sgd", "--config.train.learning_rate=0.05"]
+
+
+def _long_flags(workload: str) -> list[str]:
+  return [*_LONG_FLAGS[workload], *_LONG_COMMON]
+
+
+def _max_difference(actual: dict, expected: dict) -> float:
+  assert actual.keys() == expected.keys()
+  return max(float(np.max(np.abs(actual[key] - expected[key]))) for key in expected)
+
+
+@pytest.fixture(scope="module", params=sorted(_LONG_FLAGS))
+def long_two_replicas(request, tmp_path_factory):
+  """(workload, final state) of 300 steps on one process with two replicas."""
+  assert "TF_NUM_INTRAOP_THREADS" not in os.environ  # default threading, as users run it
+  model_dir = tmp_path_factory.mktemp(f"long_two_replicas_{request.param}")
+  train_ok(model_dir, *_long_flags(request.param), *_TWO_REPLICAS)
+  return request.param, checkpoint_arrays(model_dir, _LONG_STEPS)
+
+
+@needs_loopback
+def test_two_workers_equal_two_replicas_for_300_steps_with_default_threads(
+    tmp_path, long_two_replicas):
+  workload, expected = long_two_replicas
+  job = _launch(tmp_path, "--num_workers=2", trainer_flags=_long_flags(workload))
+  assert job.finish(2 * _HANG) == 0, job.output[-3000:]
+  difference = _max_difference(checkpoint_arrays(tmp_path, _LONG_STEPS), expected)
+  print(f"{workload}: 2 workers vs 2 replicas, max abs difference {difference:.3g}")
+  assert difference <= 1e-6, workload
+
+
+@needs_loopback
+def test_preempted_two_workers_resume_as_two_replicas_on_the_same_trajectory(
+    tmp_path, long_two_replicas):
+  workload, expected = long_two_replicas
+  flags = _long_flags(workload)
+  job = _launch(tmp_path, "--num_workers=2", trainer_flags=flags)
+  assert job.stop_at(r"\[worker-0\].*step 150/", timeout=2 * _HANG) == 42, job.output[-3000:]
+  step = int(re.search(r"preempted at step (\d+)", job.output).group(1))
+  assert 150 <= step < _LONG_STEPS
+  resumed = run_trainer(tmp_path, *flags, *_TWO_REPLICAS)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Restored checkpoint at step {step}" in resumed.stderr
+  difference = _max_difference(checkpoint_arrays(tmp_path, _LONG_STEPS), expected)
+  print(f"{workload}: 2 workers preempted at {step}, resumed as 2 replicas: max abs "
+        f"difference {difference:.3g} from the uninterrupted run")
+  assert difference <= 1e-6, workload

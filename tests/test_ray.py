@@ -36,13 +36,10 @@ _FLAGS = ["--config=synthetic", f"--config.train.steps={_STEPS}",
           "--config.data.num_eval_examples=500", "--config.runtime.deterministic=true",
           "--config.train.optimizer=sgd", "--config.train.learning_rate=0.02"]
 _TWO_REPLICAS = ["--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2"]
-# One intra-op thread per op in every run, as 2 replicas on 2 cores get by default
-# (runtime._share_cores): a worker process otherwise runs each op on every core, whose
-# other summation order differs by 1e-8 at first, and by 1.7e-4 at step 60 here once a
-# ReLU or max-pool tie goes the other way (step 31: measured).
-_ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1"}
+# Default threading: runtime.deterministic fixes the threads per op in every shape (a Ray
+# worker, a launched worker, 2 local replicas), so their summation orders agree.
 _RAY_ENV = {"RAY_DEDUP_LOGS": "0",  # every worker's lines, not "[repeated 2x across cluster]"
-            "RAY_USAGE_STATS_ENABLED": "0", **_ONE_THREAD}
+            "RAY_USAGE_STATS_ENABLED": "0"}
 _HANG = 420  # seconds: far above a healthy Ray run here
 
 
@@ -62,7 +59,7 @@ def _ray_result(model_dir) -> dict:
 def two_replicas(tmp_path_factory):
   """One process, two replicas: the weights every Ray run must reach."""
   model_dir = tmp_path_factory.mktemp("two_replicas")
-  result = run_trainer(model_dir, *_FLAGS, *_TWO_REPLICAS, env=_ONE_THREAD)
+  result = run_trainer(model_dir, *_FLAGS, *_TWO_REPLICAS)
   assert result.returncode == 0, result.stderr[-4000:]
   return checkpoint_arrays(model_dir, _STEPS)
 
@@ -72,7 +69,7 @@ def launched(tmp_path_factory):
   """The same 2-worker job through trainer.launch: the cluster Ray must reproduce."""
   model_dir = tmp_path_factory.mktemp("launched")
   job = TrainerProcess(None, "--num_workers=2", "--", f"--model_dir={model_dir}", *_FLAGS,
-                       module="trainer.launch", env=_ONE_THREAD, prefix=loopback_only())
+                       module="trainer.launch", prefix=loopback_only())
   assert job.finish(_HANG) == 0, job.output[-4000:]
   return checkpoint_arrays(model_dir, _STEPS)
 

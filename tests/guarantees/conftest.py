@@ -21,9 +21,9 @@ from tests.guarantees import catalogue
 from tests.processes import TrainerProcess
 from tests.processes import read_checkpoint as arrays  # noqa: F401  (test_matrix reads it here)
 
-# One intra-op thread in every run, whatever the machine: a replica's summation order then
-# depends on its batch, not on the cores it shares (README: cluster-shape invariance).
-ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
+# Default threading, as users run it: every run is deterministic (catalogue.COMMON), which
+# fixes the threads per op whatever the replicas or cores (trainer/cluster/runtime.py).
+ENV: dict = {}
 TIMEOUT = 300
 
 

@@ -100,6 +100,18 @@ def _describe(code: int) -> str:
   return f"exited with {code}" + (f" ({name})" if name else "")
 
 
+def _core_share(processes: int) -> dict:
+  """Each process's share of this machine's cores (DISTLOOP_CORES, read by
+  trainer/cluster/runtime.py): N processes that each ran every op on every core would
+  oversubscribe them N times. Not where the user set TF_NUM_INTRAOP_THREADS (theirs
+  decides); under runtime.deterministic the trainer's config decides instead, so that
+  the sums do not depend on how many processes share the machine."""
+  if os.environ.get("TF_NUM_INTRAOP_THREADS"):
+    return {}
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"DISTLOOP_CORES": str(max(1, (cores or 1) // max(1, processes)))}
+
+
 def _free_ports(count: int) -> list[int]:
   """Holds all the sockets until every port is picked (no duplicates), then frees them."""
   sockets = []
@@ -215,7 +227,8 @@ class Launcher:
   def _start(self, task: Task) -> None:
     """Same command, same TF_CONFIG each time: a restarted task rejoins on its old port."""
     tf_config = {"cluster": self._cluster, "task": {"type": task.type, "index": task.index}}
-    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1",
+           **_core_share(len(self.tasks) + len(self.evaluators))}
     # A session of its own: Ctrl-C in a terminal reaches the launcher only, which decides
     # who gets it (not the parameter servers, which would die under the coordinator).
     task.process = subprocess.Popen(self.command, env=env, cwd=os.getcwd(),

@@ -17,31 +17,57 @@ from trainer.errors import UserError
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
+# The launcher's word on how many cores each process it starts on this machine may use
+# (trainer/cluster/launch.py); a process without it takes every core it may run on.
+CORES_ENV = "DISTLOOP_CORES"
+
+
 def configure(runtime_config: ml_collections.ConfigDict) -> None:
-  """Declares logical CPU devices, determinism and the precision policy (before the
-  runtime starts and before any model is built)."""
+  """Declares logical CPU devices, threads per op, determinism and the precision policy
+  (before the runtime starts and before any model is built)."""
   if runtime_config.num_cpu_devices > 1:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * runtime_config.num_cpu_devices)
-    _share_cores(runtime_config.num_cpu_devices)
+  threads = threads_per_op_for(runtime_config)
+  if threads:
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
   if runtime_config.deterministic:
     tf.config.experimental.enable_op_determinism()
   # Compute in 16 bits, keep float32 variables (Keras mixed precision policies).
   keras.mixed_precision.set_global_policy(_POLICIES[runtime_config.mixed_precision])
 
 
-def _share_cores(num_cpu_devices: int) -> None:
-  """Replicas on logical CPU devices run their ops at the same time, each op on
-  TensorFlow's intra-op pool of every core: the replicas' small ops then contend for
-  the same cores. One core's share each (cores / devices threads per op) runs them
-  side by side instead. Measured on 2 cores, 2 replicas, the seed CNN: 1.25x at
-  batch 32 (paired 1.18-1.57), 1.06x at batch 256 (docs/performance.md). Left alone
-  where GPUs hold the replicas, or where TF_NUM_INTRAOP_THREADS says otherwise."""
-  if os.environ.get("TF_NUM_INTRAOP_THREADS") or tf.config.list_physical_devices("GPU"):
-    return
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  tf.config.threading.set_intra_op_parallelism_threads(max(1, (cores or 1) // num_cpu_devices))
+def threads_per_op_for(runtime_config: ml_collections.ConfigDict) -> int:
+  """The size of TensorFlow's intra-op pool for this process (0: leave TensorFlow's).
+
+  Every op of every replica (the logical CPU devices of a process share the one pool)
+  splits its work by the pool's size, and Eigen's and oneDNN's summation order follows
+  that split: a conv gradient differs with 1, 2 and 4 threads, whatever the cores or
+  devices (measured, TF 2.21). So under `runtime.deterministic` the size is the config's
+  alone (`runtime.intra_op_threads`, else 1), never the cluster's shape: 2 workers, 2
+  replicas in one process and a resume across them then compute the same sums.
+  Otherwise each replica gets its share of the process's cores (the launcher's share
+  of the machine: `DISTLOOP_CORES`), so replicas and processes run side by side instead
+  of contending: measured 1.25x at batch 32 for 2 replicas on 2 cores
+  (docs/performance.md). TF_NUM_INTRAOP_THREADS, where set, decides; with GPUs only an
+  explicit `runtime.intra_op_threads` does (the replicas' ops are not on the CPU)."""
+  if os.environ.get("TF_NUM_INTRAOP_THREADS"):
+    return 0
+  if runtime_config.intra_op_threads > 0:
+    return runtime_config.intra_op_threads
+  if tf.config.list_physical_devices("GPU"):
+    return 0
+  if runtime_config.deterministic:
+    return 1
+  return max(1, process_cores() // runtime_config.num_cpu_devices)
+
+
+def process_cores() -> int:
+  """The cores this process may use: the launcher's share, else every core it may run on."""
+  if os.environ.get(CORES_ENV, "").isdigit() and int(os.environ[CORES_ENV]) > 0:
+    return int(os.environ[CORES_ENV])
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def seed(runtime_config: ml_collections.ConfigDict) -> None:
@@ -167,7 +193,7 @@ def cpu_kernels() -> str:
 
 
 def threads_per_op() -> int:
-  """TensorFlow's intra-op threads (0: its default, every core; see _share_cores)."""
+  """TensorFlow's intra-op threads (0: its default, every core; see threads_per_op_for)."""
   return tf.config.threading.get_intra_op_parallelism_threads()
 
 

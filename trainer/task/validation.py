@@ -130,6 +130,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   _one_of(config, "runtime.strategy", STRATEGIES)
   _positive(config, "runtime.num_cpu_devices")
+  _non_negative(config, "runtime.intra_op_threads")
   _non_negative(config, "runtime.seed")
   _non_negative(config, "runtime.all_reduce_bytes_per_pack")
   _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
