@@ -78,7 +78,7 @@ def test_every_training_batch_is_padded_to_its_own_rows(pad_to):
   """Per per-replica batch, not per read of several batches: a batch's length is its
   longest row's (or that one's bucket), whatever the batches around it hold."""
   x, y = _sequences(96)
-  pad = padding.from_config(_Config(pad_to=pad_to, pad_value=0.0))
+  pad = padding.from_config(_Config(pad_to=pad_to, pad_value=0.0, bucket_window=0))
   source = sources.ArraySource(x, y, where="test", padding=pad)
   assert source.leaf_specs()[0] == ((None,), np.dtype(np.int32))
   assert source.example_bytes() == 8  # the label; the variable leaf counts 0
