@@ -34,7 +34,10 @@ boundary, with `data.pad_value`: in the numpy read for indexable sources (one
 per-replica batch per read, so the padding is the batch's own), with
 `padded_batch` for streams (an eval stream's batch is padded as a global batch,
 then sliced). The padding depends only on the batch's rows: the order and an
-exact resume hold as for fixed shapes. `data.preprocess` receives each example
+exact resume hold as for fixed shapes. With `data.bucket_window` (indexable
+sources; input_pipelines/buckets.py) the positions of each window of global
+batches are regrouped by length first, and every replica's share is padded to
+its global batch's length: still a pure function of (seed, position). `data.preprocess` receives each example
 as padded in its batch, and its results are padded again per batch.
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
