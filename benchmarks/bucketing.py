@@ -22,6 +22,7 @@ from absl import flags
 from benchmarks import throughput
 
 _STEPS = flags.DEFINE_integer("bucket_steps", 300, "training steps per run")
+_ONLY = flags.DEFINE_list("bucket_models", [], "model names to run (default: all)")
 _BATCH = 64
 _PAD_TO = "32,64,128"
 _MODELS = {"masked mean": "tests.sequence_plugins:masked_mean",
@@ -71,7 +72,7 @@ def _padding_fraction(window: int, steps: int) -> float:
 def main(argv):
   del argv
   from configs import common  # pylint: disable=g-import-not-at-top
-  window, steps = common.get_config().data.bucket_window, _STEPS.value
+  window, steps = common.base_config().data.bucket_window, _STEPS.value
   repeats = throughput._REPEATS.value  # pylint: disable=protected-access
   before_pad, after_pad = _padding_fraction(0, steps), _padding_fraction(window, steps)
   print(f"padded / real tokens over the {steps} batches: {before_pad:.2f} without bucketing, "
@@ -80,6 +81,8 @@ def main(argv):
   print("| model | before ex/s (range) | after ex/s (range) | after / before (paired range) |")
   print("|---|---|---|---|")
   for name, model in _MODELS.items():
+    if _ONLY.value and name not in _ONLY.value:
+      continue
     before, after = [], []
     for _ in range(repeats):
       before.append(_examples_per_sec(model, 0, steps))
