@@ -27,6 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.preprocess = ""          # MODULE:FUNCTION(features, labels, seed) per training example; "" = none
   config.data.pad_to = ""              # examples whose length varies: "" = refuse them | "longest" (each batch padded to its longest) | "32,64,128" (bucket boundaries: padded up to the smallest boundary that holds the batch's longest; longer ones to their longest)
   config.data.pad_value = 0.0          # pad_to: the value padding fills in (Keras Embedding(mask_zero=True) masks 0)
+  config.data.bucket_window = 16       # pad_to, examples of varying length: training batches grouped by length within windows of this many global batches (sorted, then the batches shuffled), so short examples share short padding; 0 = no grouping. Fixes the order: a resume keeps it and train.global_batch_size
   config.data.num_train_examples = 10_000  # synthetic only: size of the training split
   config.data.num_eval_examples = 2_000    # synthetic only: size of the test split
   config.data.num_users = 50_000       # recommender: user ids 0..num_users-1 (the user table: num_users x model.embedding_dim floats)

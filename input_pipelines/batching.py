@@ -34,7 +34,10 @@ boundary, with `data.pad_value`: in the numpy read for indexable sources (one
 per-replica batch per read, so the padding is the batch's own), with
 `padded_batch` for streams (an eval stream's batch is padded as a global batch,
 then sliced). The padding depends only on the batch's rows: the order and an
-exact resume hold as for fixed shapes. `data.preprocess` receives each example
+exact resume hold as for fixed shapes. With `data.bucket_window` (indexable
+sources; input_pipelines/buckets.py) the positions of each window of global
+batches are regrouped by length first, and every replica's share is padded to
+its global batch's length: still a pure function of (seed, position). `data.preprocess` receives each example
 as padded in its batch, and its results are padded again per batch.
 
 An opaque `StreamSource` (a callable returning a tf.data.Dataset) cannot be
@@ -52,6 +55,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from input_pipelines import buckets
 from input_pipelines import order
 from input_pipelines import padding as padding_lib
 from input_pipelines import read_log
@@ -107,34 +111,71 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
   if isinstance(source, StreamSource):
     positioned = _stream_train(source, start_example, per_replica, share)
   else:
-    num_examples = len(source)
     order_seed = tf.constant(seed, tf.int64)
     if salted:
       order_seed += tf.cast(tf.timestamp() * 1e6, tf.int64)
     read = _reader(source, stream, decode=not decode_on_device)
-
-    rows = min(_ROWS_PER_READ, _BYTES_PER_READ // max(1, source.example_bytes()))
-    chunk = max(1, rows // per_replica)  # elements read by one call
-    if _variable(source):  # one per-replica batch per read: padded to its own longest
-      chunk = 1
-
-    def elements(c):  # element j: replica first + j % local of step j // local
-      j = c * chunk + tf.range(chunk, dtype=tf.int64)
-      step, replica = j // share.local, share.first + j % share.local
-      first = start_example + step * global_batch_size + replica * per_replica
-      positions = first[:, None] + tf.range(per_replica, dtype=tf.int64)[None, :]
-      features, labels = read(order.rows(tf.reshape(positions, [-1]), order_seed,
-                                         num_examples))
-      split = lambda t: (t[None] if chunk == 1 else  # pylint: disable=unnecessary-lambda-assignment
-                         tf.reshape(t, [chunk, per_replica, *t.shape[1:]]))
-      features, labels = tf.nest.map_structure(split, (features, labels))
-      return positions, features, labels
-
-    positioned = (tf.data.Dataset.range(_FOREVER)
-                  .map(elements, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
+    if _bucketed(source):
+      positioned = _bucketed_train(source, read, start_example, global_batch_size,
+                                   per_replica, share, order_seed)
+    else:
+      positioned = _positioned(source, read, start_example, global_batch_size, per_replica,
+                               share, order_seed)
   if preprocess is not None:
     positioned = _preprocessed(positioned, preprocess, seed, per_replica, source.padding)
   return _finish(positioned.map(lambda positions, features, labels: (features, labels)))
+
+
+def _positioned(source: IndexableSource, read: Callable, start_example: int,
+                global_batch_size: int, per_replica: int, share: _Share,
+                order_seed: tf.Tensor) -> tf.data.Dataset:
+  """(positions, features, labels) per-replica batches of this pipeline's replicas, global
+  batch k = positions start_example + [k*B, (k+1)*B)."""
+  num_examples = len(source)
+  rows = min(_ROWS_PER_READ, _BYTES_PER_READ // max(1, source.example_bytes()))
+  chunk = max(1, rows // per_replica)  # elements read by one call
+  if _variable(source):  # one per-replica batch per read: padded to its own longest
+    chunk = 1
+
+  def elements(c):  # element j: replica first + j % local of step j // local
+    j = c * chunk + tf.range(chunk, dtype=tf.int64)
+    step, replica = j // share.local, share.first + j % share.local
+    first = start_example + step * global_batch_size + replica * per_replica
+    positions = first[:, None] + tf.range(per_replica, dtype=tf.int64)[None, :]
+    features, labels = read(order.rows(tf.reshape(positions, [-1]), order_seed,
+                                       num_examples))
+    split = lambda t: (t[None] if chunk == 1 else  # pylint: disable=unnecessary-lambda-assignment
+                       tf.reshape(t, [chunk, per_replica, *t.shape[1:]]))
+    features, labels = tf.nest.map_structure(split, (features, labels))
+    return positions, features, labels
+
+  return (tf.data.Dataset.range(_FOREVER)
+          .map(elements, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
+
+
+def _bucketed_train(source: IndexableSource, read: Callable, start_example: int,
+                    global_batch_size: int, per_replica: int, share: _Share,
+                    order_seed: tf.Tensor) -> tf.data.Dataset:
+  """(positions, features, labels) per-replica batches of this pipeline's replicas, the
+  global batches grouped by length (input_pipelines/buckets.py), each replica's share
+  padded to the global batch's longest."""
+  num_examples = len(source)
+  batches = buckets.global_batches(
+      start_example=start_example, global_batch_size=global_batch_size,
+      window=source.padding.window, seed=order_seed, num_examples=num_examples,
+      lengths=_length_reader(source))
+
+  def shares(positions, longest):  # this pipeline's replicas' slices of the global batch
+    mine = positions[share.first * per_replica:(share.first + share.local) * per_replica]
+    return (tf.reshape(mine, [share.local, per_replica]),
+            tf.repeat(longest[None], share.local, axis=0))
+
+  def element(positions, longest):
+    features, labels = read(order.rows(positions, order_seed, num_examples), longest)
+    return positions, features, labels
+
+  return (batches.map(shares).unbatch()
+          .map(element, num_parallel_calls=tf.data.AUTOTUNE))
 
 
 def eval_dataset(source: Source, *, global_batch_size: int,
@@ -256,6 +297,24 @@ def _variable(source: IndexableSource) -> bool:
                                             for shape, _ in source.leaf_specs())
 
 
+def _bucketed(source: IndexableSource) -> bool:
+  """Whether training batches are grouped by length (`data.bucket_window`)."""
+  return _variable(source) and source.padding.window > 0
+
+
+def _length_reader(source: IndexableSource) -> Callable:
+  """`rows (int64 [n]) -> int64 [n, V]`: each row's length in each variable leaf."""
+  specs = source.leaf_specs()
+  num_variable = sum(padding_lib.is_variable(shape) for shape, _ in specs)
+
+  def lengths(rows):
+    length = tf.numpy_function(lambda r: padding_lib.lengths(source.read_leaves(r), specs),
+                               [rows], tf.int64, stateful=False)
+    length.set_shape([None, num_variable])
+    return length
+  return lengths
+
+
 def device_decoder(source: Source) -> Callable | None:
   """An in-memory source's batch decode (e.g. uint8 images -> float32 in [0, 1]), for the
   train step to run on the device: the host then feeds 4x fewer bytes. None if none."""
@@ -272,16 +331,18 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
   dtypes = [tf.string if np.dtype(dtype).kind in "SO" else tf.as_dtype(dtype)
             for _, dtype in specs]
 
-  def read_numpy(rows):
+  def read_numpy(rows, longest=None):
     if len(rows) == 0:  # an eval replica's empty slice: do not ask the source
       return [np.zeros((0, *[0 if d is None else d for d in shape]),
                        dtype=object if tf_dtype == tf.string else dtype)
               for (shape, dtype), tf_dtype in zip(specs, dtypes)]
     read_log.record(stream, rows)
-    return padding_lib.pad_leaves(source.read_leaves(rows), specs, source.padding)
+    return padding_lib.pad_leaves(source.read_leaves(rows), specs, source.padding, longest)
 
-  def read(rows):
-    leaves = tf.numpy_function(read_numpy, [rows], dtypes, stateful=False)
+  def read(rows, longest=None):
+    """`longest` (int64 [V]): pad each variable leaf to at least this (a global batch's)."""
+    inputs = [rows] if longest is None else [rows, longest]
+    leaves = tf.numpy_function(read_numpy, inputs, dtypes, stateful=False)
     for leaf, (shape, _) in zip(leaves, specs):
       leaf.set_shape([None, *shape])
     if not decode and device_decoder(source) is not None:  # the step decodes, on the device

@@ -4,8 +4,11 @@ Opt-in: images of different sizes padded silently would train on a silent wrong
 result, so a source with variable-length examples is refused unless `data.pad_to`
 is set. Each per-replica batch is padded to its own longest example ("longest"),
 or up to the smallest bucket boundary that holds it ("32,64,128": a few shapes,
-so fewer retraces; longer batches to their longest). The padding depends only on
-the rows of the batch, so the order and an exact resume hold as for fixed shapes.
+so fewer retraces; longer batches to their longest). With `data.bucket_window`
+(input_pipelines/buckets.py) the examples of a batch are of similar length and
+every replica of a global batch is padded to the global batch's length. The
+padding depends only on the rows of the batch, so the order and an exact resume
+hold as for fixed shapes.
 
 Numpy here (the readers of in-memory and random-access sources) and TensorFlow
 for streams (`padded_batch`, then `to_buckets`).
@@ -19,9 +22,11 @@ from input_pipelines.errors import DataError
 
 @dataclasses.dataclass(frozen=True)
 class Padding:
-  """`boundaries` empty: each batch padded to its longest; `value`: what padding holds."""
+  """`boundaries` empty: each batch padded to its longest; `value`: what padding holds;
+  `window`: global batches whose examples are grouped by length (0: none)."""
   boundaries: tuple = ()
   value: float = 0.0
+  window: int = 0
 
   def length(self, longest: int) -> int:
     """The padded length of a batch whose longest example has `longest` steps."""
@@ -54,29 +59,41 @@ def from_config(data_config) -> Padding | None:
   boundaries = parse(data_config.pad_to)
   if boundaries is None:
     return None
-  return Padding(boundaries, float(data_config.pad_value))
+  return Padding(boundaries, float(data_config.pad_value), int(data_config.bucket_window))
 
 
 def is_variable(shape) -> bool:
   return any(d is None for d in shape)
 
 
-def pad_examples(examples: np.ndarray, rest: tuple, dtype, padding: Padding) -> np.ndarray:
+def pad_examples(examples: np.ndarray, rest: tuple, dtype, padding: Padding,
+                 longest: int = 0) -> np.ndarray:
   """An object array of b examples [L_i, *rest] -> one [b, L, *rest] array of `dtype`,
-  L = padding.length(max L_i), the tail filled with padding.value."""
-  longest = max((len(e) for e in examples), default=0)
+  L = padding.length(max(L_i, longest)), the tail filled with padding.value (`longest`:
+  the global batch's, so that every replica of it has one shape)."""
+  longest = max(max((len(e) for e in examples), default=0), int(longest))
   out = np.full((len(examples), padding.length(longest), *rest), padding.value, dtype=dtype)
   for i, example in enumerate(examples):
     out[i, :len(example)] = example
   return out
 
 
-def pad_leaves(leaves: list, specs: list, padding: Padding | None) -> list:
-  """The leaves read for a batch, the variable ones (spec shape with None) padded."""
+def pad_leaves(leaves: list, specs: list, padding: Padding | None, longest=None) -> list:
+  """The leaves read for a batch, the variable ones (spec shape with None) padded;
+  `longest`: at least this length per variable leaf (see `lengths`)."""
   if padding is None:
     return leaves
-  return [pad_examples(leaf, tuple(shape[1:]), dtype, padding) if is_variable(shape) else leaf
-          for leaf, (shape, dtype) in zip(leaves, specs)]
+  variable = [i for i, (shape, _) in enumerate(specs) if is_variable(shape)]
+  at_least = dict(zip(variable, longest if longest is not None else [0] * len(variable)))
+  return [pad_examples(leaf, tuple(shape[1:]), dtype, padding, at_least[i])
+          if i in at_least else leaf for i, (leaf, (shape, dtype)) in enumerate(zip(leaves, specs))]
+
+
+def lengths(leaves: list, specs: list) -> np.ndarray:
+  """int64 [b, V]: each example's length in each of the V variable leaves."""
+  columns = [[len(example) for example in leaf]
+             for leaf, (shape, _) in zip(leaves, specs) if is_variable(shape)]
+  return np.array(columns, np.int64).T.reshape(len(leaves[0]), len(columns))
 
 
 def check_examples(where: str, name: str, examples: np.ndarray):

@@ -10,7 +10,9 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               clip_grad_norm, nonfinite_policy, max_rollbacks,
               action_timeout_seconds; train.global_batch_size
               (the data position is counted in examples: the stream goes on from the
-              same example, in batches of the new size); train.steps_per_loop; eval.*; checkpoint.* (retention and
+              same example, in batches of the new size; not with length bucketing,
+              data.pad_to and data.bucket_window, which groups examples into batches
+              of that size: refused); train.steps_per_loop; eval.*; checkpoint.* (retention and
               intervals; init_from only applies to a fresh model_dir); runtime.*
               but seed and mixed_precision (strategy, devices and cluster shape:
               elastic resume)
@@ -104,6 +106,39 @@ def check(model_dir: str, config_dict: dict) -> None:
         f"{now}, but {model_dir} was trained with {field}={before!r} ({where}): a resume "
         f"cannot change {what}; {keep}, or train in a new --model_dir "
         f"(--config.checkpoint.init_from={model_dir} starts it from these weights)")
+  _check_bucketing(model_dir, recorded, where, new)
+
+
+def _check_bucketing(model_dir: str, recorded: dict, where: str, new: dict) -> None:
+  """Length bucketing (data.bucket_window, input_pipelines/buckets.py) groups windows of
+  bucket_window * train.global_batch_size examples: another batch size, or a run from
+  before bucketing (no data.bucket_window recorded), would regroup a window half used,
+  repeating some examples and skipping others. UserError naming the field."""
+  if not new.get("data.pad_to") or not new.get("data.bucket_window"):
+    return
+  if "data.bucket_window" not in recorded:
+    raise UserError(f"{model_dir} was trained without length bucketing ({where} records no "
+                    f"data.bucket_window): resuming with data.bucket_window="
+                    f"{new['data.bucket_window']} would change its data order; set "
+                    f"--config.data.bucket_window=0 to resume it")
+  before = _recorded_batch_size(model_dir)
+  after = new.get("train.global_batch_size")
+  if before is not None and before != after:
+    raise UserError(f"train.global_batch_size={after!r}, but {model_dir} was trained with "
+                    f"train.global_batch_size={before!r} and data.bucket_window="
+                    f"{new['data.bucket_window']} (length bucketing groups examples into "
+                    f"batches of that size): keep train.global_batch_size={before!r}, or "
+                    f"train in a new --model_dir")
+
+
+def _recorded_batch_size(model_dir: str):
+  """train.global_batch_size of the newest step whose meta holds its config; None if none."""
+  for step in reversed(_steps(model_dir)):
+    path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
+    meta = layout.read_json(path)
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+      return _flat(meta["config"]).get("train.global_batch_size")
+  return None
 
 
 def identity(config_dict: dict, task_name: str, keyed_shapes: dict) -> dict:

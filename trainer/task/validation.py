@@ -56,6 +56,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:
     raise UserError(f"data.pad_to={config.data.pad_to!r} {e}") from None
   _number(config, "data.pad_value")
+  _non_negative(config, "data.bucket_window")
 
   if config.train.task:
     plugins.resolve("train.task", config.train.task)
