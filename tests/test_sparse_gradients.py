@@ -1,11 +1,10 @@
 """Sparse gradients (IndexedSlices: the rows an Embedding looked up) are summed exactly on
 every strategy: an Embedding model whose replicas get batches of other padded lengths
 (data.pad_to=longest) reaches the weights of one replica with plain SGD on 2 and 3 local
-replicas, 2 workers (trainer.launch) and a parameter-server cluster; a token repeated in
-a batch counts once in the gradient's norm (grad_norm, train.clip_grad_norm).
+replicas (mirrored; central_storage on 2), 2 workers (trainer.launch) and a
+parameter-server cluster; a token repeated in a batch counts once in the gradient's norm
+(grad_norm, train.clip_grad_norm).
 """
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -31,8 +30,8 @@ _CLIPPED = "--config.train.clip_grad_norm=0.05"
 _HANG = 300
 
 
-def _replicas(n: int) -> list[str]:
-  return ["--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices={n}"]
+def _replicas(n: int, strategy: str = "mirrored") -> list[str]:
+  return [f"--config.runtime.strategy={strategy}", f"--config.runtime.num_cpu_devices={n}"]
 
 
 def _trained(model_dir, *flags: str, steps: int = _STEPS) -> dict:
@@ -75,12 +74,14 @@ def one_replica(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("strategy, replicas",
+                         [("mirrored", 2), ("mirrored", 3), ("central_storage", 2)])
 def test_local_replicas_at_other_padded_lengths_equal_one_replica(tmp_path, one_replica,
-                                                                  replicas):
+                                                                  strategy, replicas):
   """Catches the collective shape mismatch of unequal IndexedSlices (exit 1 before
   441a498, which densified them), and a reduction that loses or repeats rows."""
-  assert_same_state(_trained(tmp_path, *_FLAGS, *_replicas(replicas)), one_replica, atol=1e-6)
+  assert_same_state(_trained(tmp_path, *_FLAGS, *_replicas(replicas, strategy)), one_replica,
+                    atol=1e-6)
 
 
 @pytest.mark.slow

@@ -2,11 +2,11 @@
 replicas exactly, and kept sparse.
 
 Why not the all-reduce the dense gradients take: its IndexedSlices path
-(cross_device_utils.all_reduce_indexed_slices) all-gathers the rows only when every
-replica holds the same number of them, and a variable-length batch (data.pad_to)
-gives each replica its own count: that aborted inside the compiled loop with a
-collective shape mismatch (measured on 2 and 3 CPU replicas and 2 workers).
-Densifying it first is exact, but moves and applies the whole table every step.
+(cross_device_utils.all_reduce_indexed_slices, a tf.cond between an equal-count and a
+padded all-gather) aborted inside the compiled loop with a collective shape mismatch
+once a variable-length batch (data.pad_to) gave each replica its own row count
+(measured on 2 and 3 CPU replicas and on 2 workers, TF 2.21). Densifying first is
+exact, but moves and applies the whole table every step.
 
 Here each replica first sums its own duplicate rows (a token seen twice is one row),
 then `ReplicaContext.all_gather` concatenates every replica's rows -- it gathers
