@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from trainer.cluster import sharding
 from trainer.task import optimizers
+from trainer.task import sparse_gradients
 from trainer.errors import UserError
 
 
@@ -105,9 +106,7 @@ class StepContext:
     scale = self._loss_scales.get(id(optimizer))
     context = tf.distribute.get_replica_context()
     # The one and only gradient reduction (see trainer/task/optimizers.py for why).
-    reduced = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                 _same_rows_everywhere(context, gradients),
-                                 options=self._communication_options)
+    reduced = _all_sum(context, gradients, self._communication_options)
     finite = None
     if scale is not None:  # the same reduced gradients, so the same verdict, everywhere
       reduced, finite = scale.unscale(reduced)
@@ -162,18 +161,21 @@ class StepContext:
     return values[replica * rows:(replica + 1) * rows]
 
 
-def _same_rows_everywhere(context, gradients) -> list:
-  """Sparse gradients (IndexedSlices: the rows an Embedding looked up) whose row count is
-  not static, made dense for the all-reduce. A collective needs one shape on every
-  replica, and those rows follow each replica's own padded length (data.pad_to): their
-  all-reduce failed with a shape mismatch (TensorFlow's padding of unequal IndexedSlices
-  aborts inside the compiled loop, measured on 2 CPU replicas). Dense is exact and costs
-  the table's size per step; a static row count is the same everywhere and stays sparse."""
-  if context.num_replicas_in_sync == 1:
-    return gradients
-  return [tf.convert_to_tensor(gradient)
-          if isinstance(gradient, tf.IndexedSlices) and gradient.indices.shape[0] is None
-          else gradient for gradient in gradients]
+def _all_sum(context, gradients, options) -> list:
+  """The SUM over replicas of each gradient: the dense ones in one all-reduce (packed as
+  `options` say), the sparse ones (IndexedSlices) row by row (sparse_gradients.py)."""
+  dense = [i for i, gradient in enumerate(gradients)
+           if not isinstance(gradient, tf.IndexedSlices)]
+  reduced = list(gradients)
+  if dense:
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradients[i] for i in dense],
+                                options=options)
+    for i, gradient in zip(dense, summed):
+      reduced[i] = gradient
+  for i, gradient in enumerate(gradients):
+    if isinstance(gradient, tf.IndexedSlices):
+      reduced[i] = sparse_gradients.all_sum(context, gradient, options)
+  return reduced
 
 
 def _check_gradients(optimizer, gradients, variables) -> None:
