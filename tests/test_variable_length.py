@@ -199,12 +199,14 @@ def test_sequences_train_from_a_stream_padded_to_the_buckets(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("accumulation_steps", [1, 2])
 def test_sequences_train_on_two_replicas(tmp_path, accumulation_steps):
-  """Each replica's batch is padded to its own longest. Without accumulation the
+  """Each replica's batch is padded to its own longest (length grouping off: it would
+  pad them alike). Without accumulation the
   replicas' Embedding gradients have other row counts (a collective shape mismatch,
   exit 1, before 441a498; tests/test_sparse_gradients.py checks the values);
   accumulation splits a batch whose length is known only when it arrives: catches a
   reshape that needs a static length (it failed so)."""
   summary = train_ok(tmp_path, *_FLAGS, _data("numpy_sequences"), "--config.data.pad_to=longest",
+                     "--config.data.bucket_window=0",
                      "--config.train.steps=300", "--config.runtime.strategy=mirrored",
                      "--config.runtime.num_cpu_devices=2",
                      f"--config.train.accumulation_steps={accumulation_steps}")

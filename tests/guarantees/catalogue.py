@@ -149,17 +149,20 @@ CATALOGUE = [
                            "--config.train.loss_weights=value=0.5",
                            "--config.eval.metrics=class=accuracy", *SGD),
              served=_served_two_heads),
-    # Token sequences of 5..200, padded per batch, Embedding(mask_zero) -> masked mean:
-    # each replica's sparse gradient has its own row count, and repeats tokens. Clipped
+    # Token sequences of 5..200, each replica's batch padded to its own longest (length
+    # grouping off), Embedding(mask_zero) -> masked mean: each replica's sparse gradient
+    # has its own row count, and repeats tokens. Clipped
     # by global norm (binding on every step), so a norm that counts a repeated row twice
     # shows too.
     Workload("variable_length", ("--config=synthetic",
                                  "--config.model.name=tests.sequence_plugins:masked_mean",
                                  "--config.data.name=tests.sequence_plugins:numpy_sequences",
                                  "--config.data.pad_to=longest",
+                                 "--config.data.bucket_window=0",
                                  "--config.train.clip_grad_norm=0.05", *SGD),
              served=_served_sequences),
-    # The same tokens into a GRU whose Input takes its shape from input_spec.
+    # The same tokens into a GRU whose Input takes its shape from input_spec, grouped by
+    # length (data.bucket_window's default): every replica padded to the global batch's.
     Workload("variable_length_gru",
              ("--config=synthetic", "--config.model.name=tests.guarantees.workloads:embedding_gru",
               "--config.data.name=tests.sequence_plugins:numpy_sequences",
