@@ -28,6 +28,7 @@ from absl import logging
 import input_pipelines
 from input_pipelines import memory
 from input_pipelines.native_output import native_startup_silenced
+from trainer.cli import logs
 from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
@@ -61,6 +62,8 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
   preemption.clear()  # a stop asked of an earlier run in this process is not this run's
   if logging.get_verbosity() < logging.INFO:  # visible by default; a caller's choice stays
     logging.set_verbosity(logging.INFO)
+  if logging.get_verbosity() < logging.DEBUG:  # the CLI's policy: libraries' INFO hidden
+    logs.hide_library_info()
   with _signals_handled() if handle_signals else contextlib.nullcontext():
     try:
       return execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)

@@ -99,12 +99,21 @@ class _WithoutClosedLoopTracebacks:
     return getattr(self._stream, name)
 
 
+def hide_library_info() -> None:
+  """Libraries' INFO lines off the absl logger, whoever handles its records: the CLI's
+  absl handler, a notebook's or Ray worker's `logging.basicConfig` root handler (the
+  Python API calls this too). Once per process; absl verbosity DEBUG shows them."""
+  logger = logging.get_absl_logger()
+  if not any(isinstance(f, _HideLibraryInfo) for f in logger.filters):
+    logger.addFilter(_HideLibraryInfo())
+
+
 def quiet_libraries() -> None:
   """Call once, after flags are parsed (so --verbosity is known) and before
   TensorFlow is imported (its C++ log level is read at import)."""
   verbose = native_output.quiet_tensorflow()
   if not verbose:
-    logging.get_absl_handler().addFilter(_HideLibraryInfo())
+    hide_library_info()
     sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
     # tf.data says this whenever a strategy distributes a dataset that has options.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")

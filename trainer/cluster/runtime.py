@@ -60,14 +60,22 @@ def threads_per_op_for(runtime_config: ml_collections.ConfigDict) -> int:
     return 0
   if runtime_config.deterministic:
     return 1
+  if runtime_config.num_cpu_devices == 1 and not _launcher_share():
+    return 0  # TensorFlow's own default is every core already
   return max(1, process_cores() // runtime_config.num_cpu_devices)
 
 
 def process_cores() -> int:
   """The cores this process may use: the launcher's share, else every core it may run on."""
-  if os.environ.get(CORES_ENV, "").isdigit() and int(os.environ[CORES_ENV]) > 0:
-    return int(os.environ[CORES_ENV])
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if _launcher_share():
+    return _launcher_share()
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _launcher_share() -> int:
+  """DISTLOOP_CORES, if the launcher set it (0 if not)."""
+  value = os.environ.get(CORES_ENV, "")
+  return int(value) if value.isdigit() else 0
 
 
 def seed(runtime_config: ml_collections.ConfigDict) -> None:
