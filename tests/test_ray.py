@@ -91,6 +91,11 @@ def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, launched, tw
   arrays, output, model_dir = ray_run
   assert re.search(r"Ray Train worker 0 of 2 \(pid \d+.*the chief", output), output[-4000:]
   assert re.search(r"Ray Train worker 1 of 2 \(pid \d+", output), output[-4000:]
+  # The CLI's log policy in Ray's workers too: no orbax INFO chatter (158 of 407 lines once).
+  chatter = [line for line in output.splitlines()
+             if re.search(r"\[process=\d+\]|CheckpointManager|save_device_host|MemoryRegulated",
+                          line)]
+  assert not chatter, chatter[:5]
   summary = json.loads((model_dir / "summary.json").read_text())
   assert summary["num_replicas"] == 2 and summary["strategy"] == "multi_worker_mirrored"
   assert summary["step"] == _STEPS
