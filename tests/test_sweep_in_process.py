@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.cli import REPO, train_ok, user_environment
-from tests.processes import assert_same_state, read_checkpoint
+from tests.processes import assert_same_state, loopback_only, needs_loopback, read_checkpoint
 
 _FLAGS = {"train.steps": 4, "train.steps_per_loop": 2, "train.optimizer": "sgd",
           "train.learning_rate": 0.1, "data.num_train_examples": 256,
@@ -134,3 +134,38 @@ def test_what_tensorflow_fixes_for_the_process_is_refused_in_one_line(tmp_path):
     assert "subprocess" in results[name] and "\n" not in results[name], results[name]
     assert not os.path.exists(tmp_path / name)
   assert "keep runtime.num_cpu_devices=2" in results["three_devices"]
+
+
+_WORKERS = r'''
+import json, os, subprocess, sys
+sweep, base, flags, runs = sys.argv[1:]
+cluster = {"worker": ["127.0.0.1:23450", "127.0.0.1:23451"]}  # a private network namespace
+workers = [subprocess.Popen(
+    [sys.executable, "-c", sweep, base, flags, runs], stdout=subprocess.PIPE,
+    text=True, env={**os.environ, "TF_CONFIG": json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": i}})}) for i in range(2)]
+print(json.dumps([w.communicate()[0] for w in workers] + [w.returncode for w in workers]))
+'''
+
+
+@pytest.mark.slow
+@needs_loopback
+def test_two_workers_of_one_cluster_sweep_models_in_their_processes(tmp_path):
+  """A Ray worker's case: the same cluster (TF_CONFIG) in each process, trainer.run twice:
+  the second model died in a collective (the second strategy's keys collided with the
+  first's); now the strategy is kept, and two workers still equal two local replicas."""
+  runs = {"dense_32": {"model.dense_units": 32}, "dense_64": {"model.dense_units": 64}}
+  flags = {**_FLAGS, "runtime.strategy": "multi_worker_mirrored", "runtime.num_cpu_devices": 1}
+  completed = subprocess.run(
+      [*loopback_only(), sys.executable, "-c", _WORKERS, _SWEEP, str(tmp_path),
+       json.dumps(flags), json.dumps(runs)],
+      capture_output=True, text=True, cwd=REPO, env=user_environment(), timeout=600)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  *outputs, first, second = json.loads(completed.stdout.strip().splitlines()[-1])
+  assert first == second == 0, completed.stderr[-4000:]
+  for output in outputs:
+    line = next(l for l in output.splitlines() if l.startswith("RESULTS "))
+    assert json.loads(line[len("RESULTS "):]) == {"dense_32": 4, "dense_64": 4}, output
+  train_ok(tmp_path / "local", *_cli_flags(runs["dense_64"]))  # 2 mirrored replicas
+  assert_same_state(read_checkpoint(tmp_path / "dense_64", 4),
+                    read_checkpoint(tmp_path / "local", 4), atol=1e-6)

@@ -16,7 +16,13 @@ gives it, or be refused in one line before it writes anything. Found by experime
   strategy per (kind, devices, options) is built and kept for the process's life:
   its keys go on counting, and each run's collectives are new ones.
 - A cluster (multi_worker_mirrored with TF_CONFIG, parameter_server, tpu) is joined
-  once per process: the same cluster again reuses its strategy, another is refused.
+  once per process: the same cluster again reuses its strategy (verified: two workers,
+  and a parameter-server chief, each training three models in turn; a second
+  MultiWorkerMirroredStrategy aborted its first collective), another is refused, and
+  so is a multi-worker strategy after a local one (their collective keys collide).
+- keras.backend.clear_session is not needed: a later run's checkpoint keys and weights
+  equal a fresh process's (keys follow the model's structure, not Keras's per-process
+  layer names; seeds are set per run).
 """
 import json
 from typing import Callable
