@@ -36,12 +36,15 @@ _SUBPROCESS = "run each such training in a subprocess"
 _strategies: dict[tuple, tf.distribute.Strategy] = {}  # one per (kind, devices, options)
 _cluster: tuple | None = None  # the key of the cluster strategy this process joined
 _determinism_enabled_by_a_run = False
+_cpu_devices_declared = False
 
 
 def declare_cpu_devices(count: int) -> bool:
   """Declares `count` logical CPU devices (1: TensorFlow's one CPU device), or checks
   that the running runtime has them. Returns whether anything changed. UserError: the
   runtime started with another count."""
+  global _cpu_devices_declared
+  _cpu_devices_declared = True  # from now on a later run checks its count too
   cpu = tf.config.list_physical_devices("CPU")[0]
   declared = tf.config.get_logical_device_configuration(cpu)
   if (len(declared) if declared else 1) == count:
@@ -57,6 +60,11 @@ def declare_cpu_devices(count: int) -> bool:
         f"TensorFlow code in this process); keep runtime.num_cpu_devices={running}, or "
         f"{_SUBPROCESS}") from None
   return True
+
+
+def cpu_devices_declared() -> bool:
+  """Whether a run of this process declared (or checked) logical CPU devices."""
+  return _cpu_devices_declared
 
 
 def set_threads_per_op(threads: int) -> None:

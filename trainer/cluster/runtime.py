@@ -24,8 +24,8 @@ def configure(runtime_config: ml_collections.ConfigDict) -> None:
   runtime starts and before any model is built). A later run in this process: the same
   devices and threads, or UserError before anything changes."""
   process_runtime.check_determinism(runtime_config.deterministic)
-  if runtime_config.num_cpu_devices > 1 or tf.config.get_logical_device_configuration(
-      tf.config.list_physical_devices("CPU")[0]):
+  # Nothing listed otherwise: a multi-worker strategy sets up collectives first.
+  if runtime_config.num_cpu_devices > 1 or process_runtime.cpu_devices_declared():
     process_runtime.declare_cpu_devices(runtime_config.num_cpu_devices)
     _share_cores(runtime_config.num_cpu_devices)
   if runtime_config.deterministic:
