@@ -2,7 +2,8 @@
 
 `configure()` must run before anything touches a device (logical CPU devices
 can only be declared before the runtime starts); `create_strategy()` right after,
-then `seed()`.
+then `seed()`. A later run in the same process gets the same runtime and strategy,
+or a one-line refusal (trainer/cluster/process_runtime.py).
 """
 import os
 
@@ -10,6 +11,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from trainer.cluster import process_runtime
 from trainer.cluster import sharding
 from trainer.errors import UserError
 
@@ -24,16 +26,18 @@ CORES_ENV = "DISTLOOP_CORES"
 
 def configure(runtime_config: ml_collections.ConfigDict) -> None:
   """Declares logical CPU devices, threads per op, determinism and the precision policy
-  (before the runtime starts and before any model is built)."""
-  if runtime_config.num_cpu_devices > 1:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * runtime_config.num_cpu_devices)
+  (before the runtime starts and before any model is built). A later run in this process:
+  the same devices and threads, or UserError before anything changes
+  (trainer/cluster/process_runtime.py)."""
+  process_runtime.check_determinism(runtime_config.deterministic)
+  # Nothing listed otherwise: a multi-worker strategy sets up collectives first.
+  if runtime_config.num_cpu_devices > 1 or process_runtime.cpu_devices_declared():
+    process_runtime.declare_cpu_devices(runtime_config.num_cpu_devices)
   threads = threads_per_op_for(runtime_config)
   if threads:
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    process_runtime.set_threads_per_op(threads)
   if runtime_config.deterministic:
-    tf.config.experimental.enable_op_determinism()
+    process_runtime.enable_determinism()
   # Compute in 16 bits, keep float32 variables (Keras mixed precision policies).
   keras.mixed_precision.set_global_policy(_POLICIES[runtime_config.mixed_precision])
 
@@ -127,46 +131,69 @@ def _slurm_resolver(runtime_config: ml_collections.ConfigDict):
 
 
 def create_strategy(runtime_config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-  """The strategy of `runtime.strategy`. Multi-worker strategies come first: they
-  must set up collectives before anything (even listing devices) starts the runtime."""
+  """The strategy of `runtime.strategy`: built once per process for its kind, devices and
+  options, the same object for a later run (a second one would reuse the first's
+  collective keys: trainer/cluster/process_runtime.py). Multi-worker strategies come
+  first: they must set up collectives before anything (even listing devices) starts
+  the runtime."""
   name = runtime_config.strategy
   if name == "multi_worker_mirrored":
     # One replica per GPU of every worker (one per worker on CPU-only machines).
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=cluster_resolver(runtime_config),
-        communication_options=communication_options(runtime_config))
+    resolver = cluster_resolver(runtime_config)
+    options = communication_options(runtime_config)
+    return process_runtime.strategy(
+        process_runtime.cluster_key(name, resolver, runtime_config.all_reduce_bytes_per_pack,
+                                    runtime_config.all_reduce_implementation),
+        lambda: tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                         communication_options=options),
+        cluster=True)
   if name == "parameter_server":
-    return _parameter_server_strategy(runtime_config)
+    resolver = _parameter_server_resolver(runtime_config)
+    return process_runtime.strategy(
+        process_runtime.cluster_key(name, resolver, runtime_config.variable_partitioner),
+        lambda: _parameter_server_strategy(resolver, runtime_config), cluster=True)
   if name == "tpu":
-    return _tpu_strategy()
+    return process_runtime.strategy((name,), _tpu_strategy, cluster=True)
   if name == "default":
     return tf.distribute.get_strategy()
+  if name not in ("one_device", "mirrored", "central_storage"):
+    raise UserError(f"runtime.strategy={name!r} is unknown")
   gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
   # All GPUs when there are any; else N logical CPU devices (runtime.num_cpu_devices).
   local_devices = gpus or [d.name for d in tf.config.list_logical_devices("CPU")]
   if name == "one_device":
+    local_devices = local_devices[:1]
+  return process_runtime.strategy((name, *local_devices),
+                                  lambda: _local_strategy(name, local_devices))
+
+
+def _local_strategy(name: str, local_devices: list[str]) -> tf.distribute.Strategy:
+  if name == "one_device":
     return tf.distribute.OneDeviceStrategy(local_devices[0])
   if name == "mirrored":
     return tf.distribute.MirroredStrategy(local_devices)
-  if name == "central_storage":
-    # Variables on the CPU, compute replicated over the local devices.
-    return tf.distribute.experimental.CentralStorageStrategy(
-        compute_devices=local_devices, parameter_device="/cpu:0")
-  raise UserError(f"runtime.strategy={name!r} is unknown")
+  # central_storage: variables on the CPU, compute replicated over the local devices.
+  return tf.distribute.experimental.CentralStorageStrategy(
+      compute_devices=local_devices, parameter_device="/cpu:0")
 
 
-def _parameter_server_strategy(runtime_config: ml_collections.ConfigDict):
+def _parameter_server_resolver(runtime_config: ml_collections.ConfigDict):
   resolver = cluster_resolver(runtime_config)
   cluster = resolver.cluster_spec().as_dict() if resolver else {}
   if not cluster.get("ps") or not cluster.get("worker"):
     raise UserError("runtime.strategy='parameter_server' needs a cluster with 'ps' and 'worker' "
                     "tasks: start it with `python -m trainer.launch --num_workers=N --num_ps=M` "
                     "or set TF_CONFIG")
+  return resolver
+
+
+def _parameter_server_strategy(resolver, runtime_config: ml_collections.ConfigDict):
+  num_ps = len(resolver.cluster_spec().as_dict()["ps"])
   # runtime.variable_partitioner: large variables split over the servers (at most one
   # shard per server); trainer/cluster/sharding.py sees the trainer through it.
   return tf.distribute.experimental.ParameterServerStrategy(
       resolver, variable_partitioner=sharding.partitioner(runtime_config.variable_partitioner,
-                                                          len(cluster["ps"])))
+                                                          num_ps))
 
 
 def _tpu_strategy():
