@@ -3,6 +3,13 @@ private network namespace they would run TensorFlow's gRPC servers on 0.0.0.0.""
 import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
 from tests.processes import LOOPBACK_SKIP
 
+# In-process runs share one TensorFlow runtime per test process, whose intra-op pool is
+# fixed once it starts; runtime.deterministic runs need 1 thread per op (the size a fresh
+# process gives them: trainer/cluster/runtime.py), and two test processes on 2 cores
+# run best with one each. Subprocess runs choose their own.
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
+tf.config.threading.set_intra_op_parallelism_threads(1)
+
 
 def pytest_terminal_summary(terminalreporter):
   skipped = [report for report in terminalreporter.stats.get("skipped", [])

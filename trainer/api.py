@@ -28,7 +28,7 @@ from absl import logging
 import input_pipelines
 from input_pipelines import memory
 from input_pipelines.native_output import native_startup_silenced
-from trainer.cli import logs
+from trainer.loop import library_logs
 from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
@@ -63,7 +63,7 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
   if logging.get_verbosity() < logging.INFO:  # visible by default; a caller's choice stays
     logging.set_verbosity(logging.INFO)
   if logging.get_verbosity() < logging.DEBUG:  # the CLI's policy: libraries' INFO hidden
-    logs.hide_library_info()
+    library_logs.hide_library_info()
   with _signals_handled() if handle_signals else contextlib.nullcontext():
     try:
       return execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)

@@ -1,9 +1,8 @@
 """Terminal output: distloop's progress at INFO, libraries' INFO chatter hidden.
 
-orbax logs a dozen INFO lines per checkpoint and TensorFlow a few per export,
-through the same absl handler as our progress lines. Their Python warnings and
-errors always show; their INFO lines, and TensorFlow's C++ log (harmless
-internal messages even at ERROR level), only with --verbosity=1 or more.
+Libraries' INFO lines (trainer/loop/library_logs.py, as for the Python API) and
+TensorFlow's C++ log (harmless internal messages even at ERROR level) show only with
+--verbosity=1 or more.
 A TF_CPP_MIN_LOG_LEVEL set by the user is respected.
 
 A checkpoint write that fails for lack of space or permission is reported by
@@ -11,56 +10,14 @@ the trainer as one line (trainer/state/storage.py); orbax's own error records ab
 it (tracebacks from its background threads) and tensorstore's late asyncio
 callbacks ("Event loop is closed") are hidden unless --verbosity=1.
 """
-import logging as std_logging
-import os
 import sys
 import threading
 import warnings
 
-from absl import logging
 
 from input_pipelines import native_output
 from input_pipelines.native_output import native_startup_silenced  # noqa: F401
-from trainer.state import storage
-
-_LIBRARY_PATHS = ("/orbax/", "/tensorflow/", "/keras/", "/jax/", "/etils/")
-# distloop's own files are never a library's, wherever the checkout lives (~/keras/distloop).
-_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-
-
-class _HideLibraryInfo(std_logging.Filter):
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    library = (not record.pathname.startswith(_OWN_ROOT)
-               and any(part in record.pathname for part in _LIBRARY_PATHS))
-    if record.levelno >= std_logging.WARNING:
-      if library and (_about_storage(record) or _metadata_denied(record)):
-        return False  # the trainer says it in one line
-      # orbax warns on every read-only manager (eval, warm start, non-chief workers).
-      return not record.getMessage().startswith("Given directory is read only")
-    return not library
-
-
-def _metadata_denied(record: std_logging.LogRecord) -> bool:
-  """orbax's 'Metadata file does not exist' for a step directory it may not read (the
-  restore reports that as a permission error)."""
-  message = record.getMessage()
-  prefix = "Metadata file does not exist: "
-  if not message.startswith(prefix):
-    return False
-  try:
-    os.listdir(os.path.dirname(message[len(prefix):]))
-  except PermissionError:
-    return True
-  except OSError:
-    pass
-  return False
-
-
-def _about_storage(record: std_logging.LogRecord) -> bool:
-  error = record.exc_info[1] if record.exc_info else None
-  return bool(storage.reason_in_text(record.getMessage())
-              or (error is not None and storage.reason(error)))
+from trainer.loop import library_logs
 
 
 class _WithoutClosedLoopTracebacks:
@@ -99,21 +56,12 @@ class _WithoutClosedLoopTracebacks:
     return getattr(self._stream, name)
 
 
-def hide_library_info() -> None:
-  """Libraries' INFO lines off the absl logger, whoever handles its records: the CLI's
-  absl handler, a notebook's or Ray worker's `logging.basicConfig` root handler (the
-  Python API calls this too). Once per process; absl verbosity DEBUG shows them."""
-  logger = logging.get_absl_logger()
-  if not any(isinstance(f, _HideLibraryInfo) for f in logger.filters):
-    logger.addFilter(_HideLibraryInfo())
-
-
 def quiet_libraries() -> None:
   """Call once, after flags are parsed (so --verbosity is known) and before
   TensorFlow is imported (its C++ log level is read at import)."""
   verbose = native_output.quiet_tensorflow()
   if not verbose:
-    hide_library_info()
+    library_logs.hide_library_info()
     sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
     # tf.data says this whenever a strategy distributes a dataset that has options.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
