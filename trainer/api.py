@@ -126,6 +126,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   with native_startup_silenced():
     from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer.loop import controller  # pylint: disable=g-import-not-at-top,unused-import
+    from trainer.cluster import process_runtime  # pylint: disable=g-import-not-at-top
     from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
     if config.runtime.strategy == "multi_worker_mirrored":
       preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
@@ -133,6 +134,10 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     strategy = runtime.create_strategy(config.runtime)
     runtime.seed(config.runtime)
   preemption.reinstall()  # a multi-worker runtime installs a SIGTERM handler of its own
+  if process_runtime.determinism_kept(config.runtime.deterministic):
+    logging.warning("runtime.deterministic=false: an earlier run in this process enabled op "
+                    "determinism, which TensorFlow keeps on for the process: this run's "
+                    "kernels are deterministic too")
   runtime.check_batch_divisible(strategy, config.train.global_batch_size,
                                 config.train.accumulation_steps)
   memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,

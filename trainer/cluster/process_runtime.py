@@ -9,7 +9,8 @@ gives it, or be refused in one line before it writes anything. Found by experime
   (trainer/cluster/runtime.py `threads_per_op_for`), are fixed once the runtime starts:
   another count is refused (a subprocess, or the same count).
 - Op determinism, once enabled, stays enabled for the process (TF exports no way
-  back): runtime.deterministic=false after a run that enabled it is refused.
+  back): runtime.deterministic=false after a run that enabled it runs with deterministic
+  kernels, and says so.
 - A second strategy over the same devices reuses the first one's collective keys
   (instance 100 onward: "Shape mismatch in the collective instance 100" once the
   model changes, and the aborted collectives leave the process unusable). So one
@@ -82,14 +83,12 @@ def set_threads_per_op(threads: int) -> None:
         f"{_SUBPROCESS}") from None
 
 
-def check_determinism(deterministic: bool) -> None:
+def determinism_kept(deterministic: bool) -> bool:
   """runtime.deterministic=false after a run of this process enabled op determinism:
-  refused (TensorFlow keeps it on; the kernels and tf.data order would not be a fresh
-  process's)."""
-  if _determinism_enabled_by_a_run and not deterministic:
-    raise UserError("runtime.deterministic=false: an earlier run in this process enabled op "
-                    "determinism, which TensorFlow keeps on for the process; keep "
-                    f"runtime.deterministic=true, or {_SUBPROCESS}")
+  TensorFlow keeps it on, so this run's kernels are deterministic too (maybe slower).
+  Not refused: a run that asks for no determinism is promised none, and one sample of
+  its results is as right as another; the caller says so in one line."""
+  return _determinism_enabled_by_a_run and not deterministic
 
 
 def enable_determinism() -> None:

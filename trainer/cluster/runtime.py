@@ -29,7 +29,6 @@ def configure(runtime_config: ml_collections.ConfigDict) -> None:
   (before the runtime starts and before any model is built). A later run in this process:
   the same devices and threads, or UserError before anything changes
   (trainer/cluster/process_runtime.py)."""
-  process_runtime.check_determinism(runtime_config.deterministic)
   # Nothing listed otherwise: a multi-worker strategy sets up collectives first.
   if runtime_config.num_cpu_devices > 1 or process_runtime.cpu_devices_declared():
     process_runtime.declare_cpu_devices(runtime_config.num_cpu_devices)
