@@ -28,19 +28,26 @@ _RUNS = {  # model_dir name -> the fields it changes
     "not_deterministic": {"runtime.deterministic": False, "runtime.intra_op_threads": 1},
 }
 
-_SWEEP = r'''
+# A notebook's cells: the synthetic config with "section.field" changes, in one process.
+_PRELUDE = r'''
 import json, sys
 import configs, trainer
 from trainer.errors import UserError
 
-base, flags, runs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-results = {}
-for name, changes in runs.items():
+def configured(flags, changes):
   config = configs.get("synthetic")
   config.unlock()
   for field, value in {**flags, **changes}.items():
     section, key = field.split(".")
     setattr(config[section], key, value)
+  return config
+'''
+
+_SWEEP = _PRELUDE + r'''
+base, flags, runs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+results = {}
+for name, changes in runs.items():
+  config = configured(flags, changes)
   try:
     results[name] = trainer.run(config, f"{base}/{name}")["step"]
   except UserError as e:
@@ -85,20 +92,13 @@ def test_a_sweep_in_one_process_equals_fresh_processes_and_refuses_what_tensorfl
   assert "which TensorFlow keeps on for the process" in completed.stderr
 
 
-_REFUSALS = r'''
-import json, sys
-import configs, trainer
+_REFUSALS = _PRELUDE + r'''
 from trainer.cluster import runtime
-from trainer.errors import UserError
 
 base, flags = sys.argv[1], json.loads(sys.argv[2])
 results = {}
 def run(name, **changes):
-  config = configs.get("synthetic")
-  config.unlock()
-  for field, value in {**flags, **changes}.items():
-    section, key = field.split(".")
-    setattr(config[section], key, value)
+  config = configured(flags, changes)
   try:
     trainer.run(config, f"{base}/{name}")
   except UserError as e:
