@@ -28,7 +28,7 @@ def test_lower_packages_import_nothing_from_trainer(package):
 
 
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
-# else in one of five places, named for its job (README.md's Layout).
+# else in one of five places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}
 _PLACES = ("cli", "loop", "state", "task", "cluster")
 # Who may import whom inside trainer/: a place imports only the places after it in this

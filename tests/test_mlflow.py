@@ -170,7 +170,7 @@ def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not _CLIENT, reason="the MLflow client is not installed")
 def test_a_file_store_is_refused_in_one_line_naming_sqlite(tmp_path):
-  """README used to show file:DIR, which the current client refuses (the file store is
+  """The docs used to show file:DIR, which the current client refuses (the file store is
   in maintenance mode): exit 2 with MLflow's paragraph cut at its first line."""
   result = run_trainer(tmp_path / "run", *_FLAGS,
                        f"--config.runtime.mlflow_uri=file:{tmp_path}/mlruns",

@@ -191,13 +191,13 @@ def test_trainer_run_off_the_main_thread_installs_no_handler(tmp_path):
   assert "no signal handler installed (not the main thread" in completed.stderr
 
 
-def test_the_readme_shows_the_whole_example():
+def test_the_docs_show_the_whole_example():
   with open(os.path.join(REPO, "examples", "ray_train.py")) as f:
     code = f.read()
-  with open(os.path.join(REPO, "README.md")) as f:
-    readme = f.read()
+  with open(os.path.join(REPO, "docs", "scaling-out.md")) as f:
+    page = f.read()
   body = code[code.index("import sys"):]
-  assert f"```python\n{body}```" in readme
+  assert f"```python\n{body}```" in page
   assert len([l for l in body.splitlines() if l.strip()]) <= 15
 
 

@@ -110,7 +110,7 @@ def test_sigterm_stops_with_42_and_a_resume_continues(tmp_path):
   assert summary["step"] == _STEPS
 
 
-# The default example as the README runs it: 50,000 x 512 users (~100 MB), 1,000,000
+# The default example as docs/scaling-out.md runs it: 50,000 x 512 users (~100 MB), 1,000,000
 # clicks, 1,500 steps of 2,048 at SGD rate 320. Measured 0.805, 0.814, 0.818 (chance 0.5;
 # 0.50 before its tables started small; at rate 640: 0.75, 0.76 and once 0.63 with eval
 # loss 6.2, overfit and diverging; 2026-11-25), ~63,000 examples/s, ~75 s on 2 cores.

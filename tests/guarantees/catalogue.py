@@ -102,7 +102,7 @@ def _served_two_heads(serve, replicas):
 
 
 def _served_sequences(serve, replicas):
-  """Each eval sequence served alone, at its own length (the README: any length)."""
+  """Each eval sequence served alone, at its own length (docs/data.md: any length)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from tests import sequence_plugins  # pylint: disable=import-outside-toplevel
   sequences, labels = sequence_plugins.numpy_sequences(_DATA, seed=0)[1]
