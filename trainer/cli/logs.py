@@ -14,6 +14,7 @@ import sys
 import threading
 import warnings
 
+from absl import logging
 
 from input_pipelines import native_output
 from input_pipelines.native_output import native_startup_silenced  # noqa: F401
@@ -61,7 +62,7 @@ def quiet_libraries() -> None:
   TensorFlow is imported (its C++ log level is read at import)."""
   verbose = native_output.quiet_tensorflow()
   if not verbose:
-    library_logs.hide_library_info()
+    library_logs.hide_library_info(logging.get_absl_handler())
     sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
     # tf.data says this whenever a strategy distributes a dataset that has options.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")

@@ -50,12 +50,16 @@ def _about_storage(record: std_logging.LogRecord) -> bool:
               or (error is not None and storage.reason(error)))
 
 
-def hide_library_info() -> None:
+def hide_library_info(handler: std_logging.Handler | None = None) -> None:
   """Libraries' INFO lines off the absl logger, whoever handles its records: the CLI's
   absl handler, a notebook's or Ray worker's `logging.basicConfig` root handler (the
-  Python API calls this too). Once per process; absl verbosity DEBUG shows them."""
-  logger = logging.get_absl_logger()
-  if not any(isinstance(f, _HideLibraryInfo) for f in logger.filters):
-    logger.addFilter(_HideLibraryInfo())
-
-
+  Python API calls this too); JAX's own loggers (orbax imports it: "Unable to
+  initialize backend 'tpu'") at WARNING unless their level is set. `handler`: filter
+  every record it gets too (the CLI's own handler). Once per process; absl verbosity
+  DEBUG shows them."""
+  for owner in (logging.get_absl_logger(), handler):
+    if owner is not None and not any(isinstance(f, _HideLibraryInfo) for f in owner.filters):
+      owner.addFilter(_HideLibraryInfo())
+  jax = std_logging.getLogger("jax")
+  if jax.level == std_logging.NOTSET:
+    jax.setLevel(std_logging.WARNING)
