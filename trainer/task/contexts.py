@@ -162,20 +162,20 @@ class StepContext:
 
 
 def _all_sum(context, gradients, options) -> list:
-  """The SUM over replicas of each gradient: the dense ones in one all-reduce (packed as
-  `options` say), the sparse ones (IndexedSlices) row by row (sparse_gradients.py)."""
-  dense = [i for i, gradient in enumerate(gradients)
-           if not isinstance(gradient, tf.IndexedSlices)]
-  reduced = list(gradients)
-  if dense:
-    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradients[i] for i in dense],
-                                options=options)
-    for i, gradient in zip(dense, summed):
-      reduced[i] = gradient
-  for i, gradient in enumerate(gradients):
-    if isinstance(gradient, tf.IndexedSlices):
-      reduced[i] = sparse_gradients.all_sum(context, gradient, options)
-  return reduced
+  """The SUM over replicas of each gradient, in one all-reduce (packed as `options` say).
+  A sparse one (IndexedSlices) has its repeated rows summed first (its norm is then the
+  gradient's: sparse_gradients.deduplicated) and, on several replicas, is made dense: a
+  collective whose shape varies from step to step inside the compiled loop (each
+  replica's own row count, or an all-gather padded to the longest) aborted with a shape
+  mismatch at some steps (TF 2.21: an Embedding + GRU grouped by length, steps 16..20 of
+  a 5-step loop; sparse_gradients.py). Dense is exact and costs the table's size."""
+  gradients = [sparse_gradients.deduplicated(gradient)
+               if isinstance(gradient, tf.IndexedSlices) else gradient
+               for gradient in gradients]
+  if context.num_replicas_in_sync == 1:
+    return gradients
+  dense = [tf.convert_to_tensor(gradient) for gradient in gradients]
+  return list(context.all_reduce(tf.distribute.ReduceOp.SUM, dense, options=options))
 
 
 def _check_gradients(optimizer, gradients, variables) -> None:
