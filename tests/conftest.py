@@ -7,7 +7,9 @@ from tests.processes import LOOPBACK_SKIP
 # fixed once it starts; runtime.deterministic runs need 1 thread per op (the size a fresh
 # process gives them: trainer/cluster/runtime.py), and two test processes on 2 cores
 # run best with one each. Subprocess runs choose their own.
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
+from input_pipelines.native_output import native_startup_silenced  # pylint: disable=wrong-import-order
+with native_startup_silenced():  # TensorFlow's C++ start-up lines, as the trainer hides them
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
