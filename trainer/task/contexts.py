@@ -162,20 +162,21 @@ class StepContext:
 
 
 def _all_sum(context, gradients, options) -> list:
-  """The SUM over replicas of each gradient, in one all-reduce (packed as `options` say).
-  A sparse one (IndexedSlices) has its repeated rows summed first (its norm is then the
-  gradient's: sparse_gradients.deduplicated) and, on several replicas, is made dense: a
-  collective whose shape varies from step to step inside the compiled loop (each
-  replica's own row count, or an all-gather padded to the longest) aborted with a shape
-  mismatch at some steps (TF 2.21: an Embedding + GRU grouped by length, steps 16..20 of
-  a 5-step loop; sparse_gradients.py). Dense is exact and costs the table's size."""
-  gradients = [sparse_gradients.deduplicated(gradient)
-               if isinstance(gradient, tf.IndexedSlices) else gradient
-               for gradient in gradients]
-  if context.num_replicas_in_sync == 1:
-    return gradients
-  dense = [tf.convert_to_tensor(gradient) for gradient in gradients]
-  return list(context.all_reduce(tf.distribute.ReduceOp.SUM, dense, options=options))
+  """The SUM over replicas of each gradient, in one all-reduce (packed as `options` say),
+  a sparse one (IndexedSlices) then with its repeated rows summed (its norm is then the
+  gradient's: sparse_gradients.py). A sparse gradient whose row count is not static is
+  made dense for the all-reduce: its count follows each replica's padded length, and a
+  collective whose shape varies by step aborted inside the compiled loop (TF 2.21). Dense
+  is exact and costs the table's size; a static count is the same everywhere and stays
+  sparse."""
+  if context.num_replicas_in_sync > 1:
+    gradients = context.all_reduce(
+        tf.distribute.ReduceOp.SUM,
+        [tf.convert_to_tensor(gradient)
+         if isinstance(gradient, tf.IndexedSlices) and gradient.indices.shape[0] is None
+         else gradient for gradient in gradients], options=options)
+  return [sparse_gradients.deduplicated(gradient)
+          if isinstance(gradient, tf.IndexedSlices) else gradient for gradient in gradients]
 
 
 def _check_gradients(optimizer, gradients, variables) -> None:

@@ -5,13 +5,13 @@ norm only when no row repeats: a token seen twice in a batch counted twice in gr
 and train.clip_grad_norm (1 and 2 replicas differed by 4e-3 with clipping). Summing the
 repeated rows first makes it the gradient's norm, on any replica count.
 
-Across replicas (trainer/task/contexts.py `_all_sum`) a sparse gradient is made dense
-and joins the one all-reduce. Kept sparse, its collective's shape varies from step to
-step (each replica's row count follows its padded length): TensorFlow's IndexedSlices
-all-reduce, and an all-gather of each replica's rows padded to the longest, both aborted
-inside the compiled loop with a collective shape mismatch at some steps (TF 2.21, CPU:
-an Embedding into a GRU, its data grouped by length, steps 16..20 of 5-step loops).
-Dense is exact and costs the table's size per step.
+Across replicas (trainer/task/contexts.py `_all_sum`) a sparse gradient of static row
+count goes through TensorFlow's IndexedSlices all-reduce; one whose count varies with
+each replica's padded length is made dense first: kept sparse, TensorFlow's all-reduce
+and an all-gather of each replica's rows padded to the longest both aborted inside the
+compiled loop with a collective shape mismatch at some steps (TF 2.21, CPU: an Embedding
+into a GRU, its data grouped by length, steps 16..20 of 5-step loops). The rows are
+summed after the reduction, where they repeat across replicas too.
 """
 import tensorflow as tf
 
