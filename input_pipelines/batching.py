@@ -55,6 +55,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from input_pipelines import autograph_scope
 from input_pipelines import buckets
 from input_pipelines import order
 from input_pipelines import padding as padding_lib
@@ -328,6 +329,7 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
   if not isinstance(source, IndexableSource):
     raise TypeError(f"cannot index {type(source).__name__}")
   specs = source.leaf_specs()
+  assemble = autograph_scope.user_function(source.assemble)  # a user's source: converted
   dtypes = [tf.string if np.dtype(dtype).kind in "SO" else tf.as_dtype(dtype)
             for _, dtype in specs]
 
@@ -346,8 +348,8 @@ def _reader(source: IndexableSource, stream: str, decode: bool = True) -> Callab
     for leaf, (shape, _) in zip(leaves, specs):
       leaf.set_shape([None, *shape])
     if not decode and device_decoder(source) is not None:  # the step decodes, on the device
-      return source.assemble(leaves, decode=False)
-    return source.assemble(leaves)
+      return assemble(leaves, decode=False)
+    return assemble(leaves)
   return read
 
 

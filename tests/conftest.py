@@ -1,5 +1,8 @@
-"""Says in pytest's summary when multi-process tests were skipped, and why: without a
-private network namespace they would run TensorFlow's gRPC servers on 0.0.0.0."""
+"""How the suite is shared between pytest-xdist's workers, and says in pytest's summary
+when multi-process tests were skipped, and why: without a private network namespace they
+would run TensorFlow's gRPC servers on 0.0.0.0."""
+import pytest
+
 import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
 from tests.processes import LOOPBACK_SKIP
 
@@ -11,6 +14,22 @@ from input_pipelines.native_output import native_startup_silenced  # pylint: dis
 with native_startup_silenced():  # TensorFlow's C++ start-up lines, as the trainer hides them
   import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 tf.config.threading.set_intra_op_parallelism_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+  """The units of work of `--dist loadgroup` (setup.cfg): a test file, whose tests share its
+  module fixtures and in-process TensorFlow runtime, except the guarantee matrix, whose
+  cells share trained runs per (workload, replicas) (tests/guarantees/conftest.py): each of
+  those is a unit of its own, so both workers take part in the matrix (it was one file on
+  one worker, the slow suite's longest unit)."""
+  for item in items:
+    callspec = getattr(item, "callspec", None)
+    if item.path.name == "test_matrix.py" and callspec is not None:
+      group = f"matrix-{callspec.params['name']}-{callspec.params['replicas']}"
+    else:
+      group = item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -25,6 +25,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+from input_pipelines import autograph_scope
 from input_pipelines import batching
 from input_pipelines.errors import DataError
 from input_pipelines.sources import Source
@@ -136,14 +137,15 @@ class Trainer:
 
     def traced_train_step(batch):
       context_ = step_context(tf.constant(0, tf.int64), tracing_only=True)
-      return self.task.train_step(batch, context_), context_.gradient_norms
+      return (autograph_scope.user_function(self.task.train_step)(batch, context_),
+              context_.gradient_norms)
 
     with strategy.scope():
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
       train_names, norms = user_code.traced(lambda: steps.discover(
           traced_train_step, train_spec, "train_step", replicas, self.state.check_step), self.task)
       eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
-          lambda batch: (self.task.eval_step(batch), {}), train_spec, "eval_step", replicas,
+          lambda batch: (autograph_scope.user_function(self.task.eval_step)(batch), {}), train_spec, "eval_step", replicas,
           self.state.check_step), self.task)
     self._train_sums = steps.Sums(train_names, list(norms))
     self._eval_sums = steps.Sums(eval_names, what="eval_step")

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 from tensorflow.python.distribute import values as distribute_values  # pylint: disable=g-direct-tensorflow-import
 
+from input_pipelines import autograph_scope
 from trainer.errors import UserError
 
 
@@ -213,7 +214,7 @@ def make_replica_step(task, sums: Sums, step_context, decode=None, fuse_whole_st
     if decode is not None:
       features = decode(features)
     context = step_context(step)
-    values = task.train_step((features, labels), context)
+    values = autograph_scope.user_function(task.train_step)((features, labels), context)
     return running + sums.of_batch(values, _example_count(labels), context.gradient_norms)
 
   if fuse_whole_step:
@@ -323,7 +324,7 @@ def make_eval_pass(strategy, task, sums: Sums, dataset, decode=None):
   def add_batch(features, labels, running):
     if decode is not None:
       features = decode(features)
-    values = task.eval_step((features, labels))
+    values = autograph_scope.user_function(task.eval_step)((features, labels))
     return running + sums.of_batch(values, _example_count(labels))
 
   def replica_step(batch, running):

@@ -1,20 +1,27 @@
 """TensorBoard event files under model_dir/tensorboard/{train,eval}; chief only.
 
-Written eagerly at loop boundaries, never from inside the compiled loop, so the
-loop pays nothing for them. Writers are opened on first use, so constructing
-this writes nothing. What each tag means is in README.md ("Monitoring").
+Written at loop boundaries, never from inside the compiled loop, so the loop pays
+nothing for them. Scalars are kept and written together, in one compiled call, once a
+second at most (and at every flush and the close): one call per boundary cost a tiny
+model as much as its steps (docs/performance.md, "The loop boundary"). Writers are
+opened on first use, so constructing this writes nothing. What each tag means is in
+docs/monitoring.md.
 """
 import contextlib
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from trainer.state import model_dir as layout
 
 _SAMPLE_IMAGES = 8
+_SECONDS_BETWEEN_WRITES = 1.0  # kept scalars are written at least this often
+_MOST_ROWS_KEPT = 500
 
 
 class Summaries:
@@ -24,6 +31,8 @@ class Summaries:
     self._enabled = enabled
     self._writers = {}
     self._scalar_writers = {}  # (split, tags) -> compiled writer
+    self._kept = {}  # (split, tags) -> [(step, [value per tag])], not written yet
+    self._last_write = -float("inf")
 
   def _writer(self, split: str):
     if split not in self._writers:
@@ -31,23 +40,44 @@ class Summaries:
     return self._writers[split]
 
   def scalars(self, split: str, step: int, values: dict) -> None:
-    """One compiled call writes every scalar: at a loop boundary, eager summary ops
-    (one dispatch per tag) cost more than the rest of the boundary together."""
+    """Keeps this step's scalars; writes what is kept once a second at most."""
     if not self._enabled:
       return
-    tags = tuple(values)
+    self._kept.setdefault((split, tuple(values)), []).append(
+        (step, [float(value) for value in values.values()]))
+    if (time.monotonic() - self._last_write >= _SECONDS_BETWEEN_WRITES
+        or sum(len(rows) for rows in self._kept.values()) >= _MOST_ROWS_KEPT):
+      self._write_kept()
+
+  def _write_kept(self) -> None:
+    """Every kept row, one compiled call per (split, tags): eager summary ops (one
+    dispatch per tag) cost more than the rest of a boundary together, and a call per row
+    still about as much as a tiny model's 50 steps."""
+    for (split, tags), rows in self._kept.items():
+      self._scalar_writer(split, tags)(
+          tf.constant([step for step, _ in rows], tf.int64),
+          tf.constant([row for _, row in rows], tf.float32))
+    self._kept = {}
+    self._last_write = time.monotonic()
+
+  def _scalar_writer(self, split: str, tags: tuple):
+    """A compiled `write(steps [k], rows [k, len(tags)])`: row i at steps[i]."""
     write = self._scalar_writers.get((split, tags))
     if write is None:
       writer = self._writer(split)
+      metadata = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
-      @tf.function(autograph=False)
-      def write(step, vector):
-        with writer.as_default(step=step):
-          for i, tag in enumerate(tags):
-            tf.summary.scalar(tag, vector[i])
+      @tf.function(autograph=False, input_signature=[
+          tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(tags)], tf.float32)])
+      def write(steps, rows):
+        def write_row(i):
+          with writer.as_default():  # tf.summary.write: the tags as given, no "while/" scope
+            for j, tag in enumerate(tags):
+              tf.summary.write(tag=tag, tensor=rows[i, j], step=steps[i], metadata=metadata)
+          return (i + 1,)
+        tf.while_loop(lambda i: i < tf.shape(steps)[0], write_row, (tf.constant(0),))
       self._scalar_writers[split, tags] = write
-    write(tf.constant(step, tf.int64),
-          tf.constant([float(value) for value in values.values()], tf.float32))
+    return write
 
   def describe_run(self, step: int, config: dict) -> None:
     """The resolved config, as text and as hparams (the hparams plugin compares runs)."""
@@ -87,10 +117,14 @@ class Summaries:
         tf.summary.trace_export("train_loop", step=step)
 
   def flush(self) -> None:
+    if self._kept:
+      self._write_kept()
     for writer in self._writers.values():
       writer.flush()
 
   def close(self) -> None:
+    if self._kept:
+      self._write_kept()
     for writer in self._writers.values():
       writer.close()
     self._writers = {}

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from input_pipelines import autograph_scope
 from trainer.cluster import sharding
 from trainer.errors import UserError
 from trainer.state import storage
@@ -48,7 +49,7 @@ class _Serving(tf.Module):
   def serve(self, features):
     outputs = tf.nest.map_structure(lambda output: tf.cast(output, tf.float32),  # mixed
                                     self.model(features, training=False))    # precision
-    served = self._transform(outputs)
+    served = autograph_scope.user_function(self._transform)(outputs)
     if isinstance(served, dict):  # several outputs, each under its name
       return served
     return {self._output_name: served}

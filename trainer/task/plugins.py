@@ -25,6 +25,10 @@ from trainer.errors import UserError  # re-exported for registries
 from trainer.task import module_names
 
 
+# Plug-ins that run inside the traced step: AutoGraph converts them (autograph_scope).
+_CALLED_IN_THE_STEP = ("train.loss", "eval.metrics", "data.preprocess")
+
+
 def is_plugin(spec: str) -> bool:
   """`MODULE:FUNCTION` rather than a built-in name."""
   return ":" in spec
@@ -47,6 +51,9 @@ def resolve(field: str, spec: str, builtins: dict[str, Callable] | None = None) 
     raise UserError(f"{field}={spec!r}: {module_name} has no {function_name!r}")
   if not callable(function):
     raise UserError(f"{field}={spec!r}: {function_name} is not callable")
+  if field in _CALLED_IN_THE_STEP:
+    from input_pipelines import autograph_scope  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    return autograph_scope.user_function(function)
   return function
 
 
@@ -140,5 +147,14 @@ def _import(field: str, spec: str, module_name: str):
 
 
 def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return (text.splitlines()[0] if text else type(error).__name__)[:300]
+  return without_autograph(str(error), type(error).__name__)
+
+
+def without_autograph(text: str, type_name: str) -> str:
+  """The error's own first line: AutoGraph prefixes a converted function's error (a
+  Task's step, a data.preprocess) with "in user code:" and the stack."""
+  if "in user code:" in text:
+    marker = f"{type_name}: "
+    text = text[text.rindex(marker) + len(marker):] if marker in text else text
+  text = text.strip()
+  return (text.splitlines()[0] if text else type_name)[:300]

@@ -74,10 +74,10 @@ def _check(spec: str, preprocess: Callable, example_spec) -> None:
     graph = tf.function(preprocess).get_concrete_function(
         features_spec, labels_spec, tf.TensorSpec([2], tf.int64)).graph
   except plugins.UserError as e:
-    raise plugins.UserError(_without_autograph(str(e), "UserError")) from None
+    raise plugins.UserError(plugins.without_autograph(str(e), "UserError")) from None
   except Exception as e:  # pylint: disable=broad-except  (tracing user code raises anything)
     raise plugins.UserError(f"{FIELD}={spec!r} raised {type(e).__name__}: "
-                            f"{_without_autograph(str(e), type(e).__name__)}") from None
+                            f"{plugins.without_autograph(str(e), type(e).__name__)}") from None
   stateful = stateful_ops.first(graph.as_graph_def())
   if stateful is not None:
     name, op = stateful
@@ -98,10 +98,3 @@ def _replacement(name: str, op: str) -> str:
   return replacement
 
 
-def _without_autograph(text: str, type_name: str) -> str:
-  """The error's own first line: autograph prefixes "in user code:" and the stack."""
-  if "in user code:" in text:
-    marker = f"{type_name}: "
-    text = text[text.rindex(marker) + len(marker):] if marker in text else text
-  text = text.strip()
-  return (text.splitlines()[0] if text else type_name)[:300]
