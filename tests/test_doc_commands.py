@@ -160,3 +160,15 @@ def test_the_blocks_these_tests_run_are_found():
   """A marker or fence typo must not quietly empty the lists above."""
   assert len(_LOCAL) >= 8 and len(_LAUNCH) >= 1
   assert all(b.page.name for b in _BASH) and page_blocks(REPO / "docs" / "monitoring.md")
+
+
+@pytest.mark.slow
+def test_the_eval_mode_prints_the_documented_keys(clone):
+  """docs/monitoring.md: `--mode=eval` "Prints {"step", "loss", ...}" (its run is shared
+  with the block's test above)."""
+  (block,) = [b for b in _LOCAL if "--mode=eval --checkpoint_step" in b.body]
+  documented = set(re.findall(r'"(\w+)"', re.search(r"Prints (\{.*?\})", block.body).group(1)))
+  command = next(c for c in block.commands() if "--checkpoint_step" in c)
+  printed = json.loads(_check(clone, command).stdout)
+  assert documented == set(printed), f"documented {documented}, printed {set(printed)}"
+  assert printed["step"] == 200
