@@ -5,28 +5,21 @@ The test command itself is not run (it is this suite)."""
 import json
 import os
 import re
-import shlex
 import subprocess
-import sys
 
 import pytest
 
 from tests.cli import REPO, user_environment
+from tests.doc_blocks import as_run_here, blocks
 from tests.processes import loopback_only, needs_loopback
 
 _README = os.path.join(REPO, "README.md")
 
 
-def _blocks(text: str) -> list[tuple[str, str]]:
-  """(language, body) of each fenced block, in order; shell continuations joined."""
-  return [(language, body) for language, body in
-          re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)]
-
-
 def _walk():
   """The README's files (name -> text) and its trainer commands, in reading order."""
   files, commands = {}, []
-  for language, body in _blocks(open(_README, encoding="utf-8").read()):
+  for language, body in blocks(open(_README, encoding="utf-8").read()):
     first = body.splitlines()[0] if body.strip() else ""
     if language == "python" and re.fullmatch(r"# [\w.]+\.py", first.strip()):
       files[first.strip()[2:]] = body
@@ -38,14 +31,6 @@ def _walk():
   return files, commands
 
 
-def _as_run_here(command: str, tmp_path) -> list[str]:
-  """The README's command, its /tmp/distloop/... model_dir moved under tmp_path."""
-  words = shlex.split(command)
-  words = [re.sub(r"^--model_dir=/tmp/distloop/", f"--model_dir={tmp_path}/", word)
-           for word in words]
-  return [sys.executable, *words[1:]]
-
-
 def test_the_readme_shows_files_and_trainer_commands():
   files, commands = _walk()
   assert {"my_model.py", "my_task.py"} <= set(files), files.keys()
@@ -53,8 +38,13 @@ def test_the_readme_shows_files_and_trainer_commands():
   assert len(commands) >= 5, commands  # quickstart, model, task, mirrored, launch
 
 
+def commands() -> list[str]:
+  """The README's trainer commands, as written (tests/test_doc_commands.py skips these)."""
+  return _walk()[1]
+
+
 def _commands(launch: bool):
-  return [command for command in _walk()[1] if ("trainer.launch" in command) == launch]
+  return [command for command in commands() if ("trainer.launch" in command) == launch]
 
 
 @pytest.mark.slow
@@ -63,7 +53,7 @@ def test_each_readme_command_runs_as_written(tmp_path, command):
   files, _ = _walk()
   for name, text in files.items():
     (tmp_path / name).write_text(text)
-  argv = _as_run_here(command, tmp_path)
+  argv = as_run_here(command, tmp_path)
   env = {**user_environment(), "PYTHONPATH": REPO}  # as after `pip install -e .`
   completed = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=900)
@@ -78,7 +68,7 @@ def test_each_readme_command_runs_as_written(tmp_path, command):
 @needs_loopback
 @pytest.mark.parametrize("command", _commands(launch=True))
 def test_the_readme_launch_command_runs_as_written(tmp_path, command):
-  argv = loopback_only() + _as_run_here(command, tmp_path)
+  argv = loopback_only() + as_run_here(command, tmp_path)
   env = {**user_environment(), "PYTHONPATH": REPO}
   completed = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=900)

@@ -71,10 +71,10 @@ def _task(train=None, evaluate=None):
 # -- the contract, at trace time --------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["examples", "step", "learning_rate", "learning_rate_g",
-                                  "grad_norm", "generator_grad_norm", "examples_per_sec",
-                                  "steps_per_sec", "time_sec", "gradient_norm"])
+                                  "gradient_norm", "generator_gradient_norm", "examples_per_sec",
+                                  "steps_per_sec", "time_sec", "epoch"])
 def test_a_name_distloop_reports_itself_is_refused_listing_the_reserved_ones(name):
-  """Caught: a Task's `learning_rate`, `examples`, `grad_norm` were overwritten by
+  """Caught: a Task's `learning_rate`, `examples`, `gradient_norm` were overwritten by
   distloop's own in metrics.csv, TensorBoard and summary.json, without a word."""
   with pytest.raises(UserError) as refused:
     steps.check_values("train_step", {"loss": tf.zeros([4]), name: tf.constant(1.0)}, 4)

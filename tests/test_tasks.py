@@ -137,7 +137,7 @@ def test_distillation_keeps_the_teacher_bit_identical_and_the_student_learns(tmp
 
 
 @pytest.mark.parametrize("task, fragments", [
-    ("AppliesTwiceUnnamed", ["both report grad_norm", "name="]),
+    ("AppliesTwiceUnnamed", ["both report gradient_norm", "name="]),
     ("UnbuiltOptimizer", ["not built", "optimizer.build"]),
     ("ClippingOptimizer", ["ClippingOptimizer's optimizer 'sgd': SGD(global_clipnorm=1.0) is "
                            "not supported", "train.clip_grad_norm"]),

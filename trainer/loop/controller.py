@@ -532,7 +532,7 @@ class Trainer:
         **{name: metrics[name] for name in self._train_sums.names},
         **learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": num_steps / loop_seconds,
-        **{name.replace("grad_norm", "gradient_norm"): metrics[name]
+        **{name: metrics[name]
            for name in self._train_sums.norm_names if name in metrics}}
     self.summaries.scalars("train", step, reported)
     self._log_metrics(step, "train", reported)

@@ -112,8 +112,7 @@ def _example_count(batch):
 # the eval mode's step): a value of the same name would be overwritten by distloop's, or
 # overwrite it.
 RESERVED = ("examples", "step", "examples_per_sec", "steps_per_sec", "time_sec",
-            "learning_rate", "learning_rate_*", "grad_norm", "*_grad_norm", "gradient_norm",
-            "*_gradient_norm", "epoch")
+            "learning_rate", "learning_rate_*", "gradient_norm", "*_gradient_norm", "epoch")
 
 
 def is_reserved(name: str) -> bool:

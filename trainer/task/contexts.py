@@ -92,10 +92,10 @@ class StepContext:
     """One update of `variables` by `optimizer` from this replica's gradients: summed
     over replicas once, unscaled (float16; a step that overflowed is skipped and
     the scale shrinks), clipped to train.clip_grad_norm, applied. Returns the global
-    norm of the reduced gradients (before clipping), reported as `grad_norm`
-    (`<name>_grad_norm` for a named update)."""
+    norm of the reduced gradients (before clipping), reported as `gradient_norm`
+    (`<name>_gradient_norm` for a named update)."""
     variables, gradients = list(variables), list(gradients)
-    label = f"{name}_grad_norm" if name else "grad_norm"
+    label = f"{name}_gradient_norm" if name else "gradient_norm"
     if label in self.gradient_norms:
       raise UserError(f"two apply_gradients in one train_step both report {label}; pass "
                       f"name= to tell them apart")

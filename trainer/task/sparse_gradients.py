@@ -1,7 +1,7 @@
 """Sparse gradients (tf.IndexedSlices: the rows an Embedding looked up), summed per row.
 
 The global norm of an IndexedSlices is the norm of its `values`, which is the gradient's
-norm only when no row repeats: a token seen twice in a batch counted twice in grad_norm
+norm only when no row repeats: a token seen twice in a batch counted twice in gradient_norm
 and train.clip_grad_norm (1 and 2 replicas differed by 4e-3 with clipping). Summing the
 repeated rows first makes it the gradient's norm, on any replica count.
 
