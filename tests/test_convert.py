@@ -345,3 +345,14 @@ def test_converting_a_csv_holds_a_chunk_not_the_file(tmp_path):
   assert source.splits["train"].num_examples + source.splits["eval"].num_examples == rows
   assert len(last) > 0
   assert peak < size / 4, (peak, size)  # the table as float64 alone is over size
+
+
+def test_bad_input_midway_leaves_an_empty_output_folder_empty(tmp_path):
+  folder = _image_folder(tmp_path / "images", sizes=[(4, 4)] * 70)  # more than _plan samples
+  (folder / "train" / "dog" / "9.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+  output = tmp_path / "out"
+  output.mkdir()
+  source = convert_inputs.image_folder(str(folder), convert_inputs.Options(image_size=4))
+  with pytest.raises(DataError, match="9.png: cannot be decoded"):  # after 70 one-record shards
+    convert.convert(source, str(output), shard_bytes=1, show_progress=False)
+  assert os.listdir(output) == []
