@@ -78,9 +78,13 @@ def main(argv):
     # then loads TensorFlow, which encodes the records, with its start-up lines hidden (and
     # the input's progress bar, if the check loads TensorFlow itself).
     build = convert_inputs.FORMATS[_FROM.value]
-    with (native_output.native_startup_silenced() if _FROM.value in
-          convert_inputs.LOADS_TENSORFLOW else contextlib.nullcontext()):
-      source = build(_INPUT.value, options)
+    try:
+      with _signals_interrupt(), (native_output.native_startup_silenced() if _FROM.value in
+                                  convert_inputs.LOADS_TENSORFLOW else contextlib.nullcontext()):
+        source = build(_INPUT.value, options)
+    except Interrupted:
+      raise Interrupted(f"interrupted while reading {_INPUT.value}, before anything was "
+                        f"written") from None
     with native_output.native_startup_silenced():
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,
