@@ -15,7 +15,7 @@ Formats, and the readers they reuse:
                 (input_pipelines/table.py; --label names the label column); a CSV
                 is read in chunks (input_pipelines/csv_rows.py): once to check
                 every cell and count the rows, then again per split as it is
-                written, so memory holds a chunk and one byte per row
+                written, so memory holds a chunk (and which rows are held out)
   image_folder  data.dir/train/<class>/<image> [and test/] (input_pipelines/
                 image_folder.py); the encoded files are stored, decoded when read
   tfrecord      TFRecord files of tf.train.Example (--input and --eval_input
@@ -136,21 +136,21 @@ def csv(path: str, options: Options) -> Input:
   train_path, test_path = table.files(path, names)
   if not all(p.endswith(".csv") for p in (train_path, test_path) if p):
     return _npz_table(path, options)
-  spec = None
-  tables = []
+  headers = []  # (file, its columns): both headers checked before any file is read through
   for file in (train_path, test_path):
-    if file is None:
-      continue
-    columns = csv_rows.read_header(file)
-    features = table.feature_columns(file, columns, options.label, names)
-    if tables:  # the test file: train's features, in train's order
-      table.check_same_columns(file, features, os.path.basename(train_path), tables[0].features)
-      features = tables[0].features
-    count = _count_rows(file, columns, options.show_progress)
-    tables.append(_CsvFile(file, columns, features, count))
-    spec = spec or features_lib.check(
-        {"features": {"encoding": "float", "shape": [len(features)]},
-         "label": {"encoding": "float", "shape": []}}, "label", "--from=csv")
+    if file is not None:
+      columns = csv_rows.read_header(file)
+      features = table.feature_columns(file, columns, options.label, names)
+      if headers:  # the test file: train's features (stored in train's order)
+        table.check_same_columns(file, features, os.path.basename(train_path), train_features)
+      else:
+        train_features = features
+      headers.append((file, columns))
+  tables = [_CsvFile(file, columns, train_features, _count_rows(file, columns,
+                                                                options.show_progress))
+            for file, columns in headers]
+  spec = features_lib.check({"features": {"encoding": "float", "shape": [len(train_features)]},
+                             "label": {"encoding": "float", "shape": []}}, "label", "--from=csv")
   if test_path is None:  # a seeded share of the rows held out, as table.py holds it out
     held_out = table.held_out_rows(train_path, tables[0].count, options.eval_fraction,
                                    options.seed, names)
