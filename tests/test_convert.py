@@ -308,14 +308,26 @@ def test_converter_messages_name_its_flags_not_config_fields(tmp_path, fmt, fold
 
 # The SHA-256 of every shard that the whole-table reader (main at bdec47d) wrote for this input.
 _GOLDEN_SHARDS = {
-    "train": ["c775eaee09fa3f9f89bf23f0615d72fc5807512fe9760854c88a53ace23d32f1"],
-    "eval": ["647d9dd0c5ff9364c879a97a9de9e657a4af897ebb505311bde0b11e584c8379"]}
+    "held_out": {
+        "train": ["c775eaee09fa3f9f89bf23f0615d72fc5807512fe9760854c88a53ace23d32f1"],
+        "eval": ["647d9dd0c5ff9364c879a97a9de9e657a4af897ebb505311bde0b11e584c8379"]},
+    "test_file": {
+        "train": ["752802b872a2013cb140c9224ed4e469173f62552ca3b881870529a2f1136130"],
+        "eval": ["269cefc9b42213fe1f8d85ab72fb04ffec8ddcd6e4078f706adc07cf2e735327"]}}
 
 
-def test_a_csv_converts_to_the_same_bytes_as_the_whole_table_reader(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["held_out", "test_file"])
+def test_a_csv_converts_to_the_same_bytes_as_the_whole_table_reader(tmp_path, monkeypatch,
+                                                                    layout):
   csv = _write_table(tmp_path / "table.csv", 3000)
   with open(csv, "a", encoding="utf-8") as f:  # what only the cell-by-cell reader reads
     f.write('\n"1.5",  2 ,1,"-0.25"\n\n7,8,2,9\n')
+  if layout == "test_file":  # its columns in another order, CRLF line ends
+    (tmp_path / "folder").mkdir()
+    csv = csv.rename(tmp_path / "folder" / "train.csv").parent
+    _write_table(tmp_path / "folder" / "test.csv", 500, ("c", "label", "b", "a"))
+    test = (csv / "test.csv").read_text().replace("\n", "\r\n")
+    (csv / "test.csv").write_bytes(test.encode())
   try:  # small chunks: many of them, a quoted row in the middle of one
     from input_pipelines import csv_rows  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(csv_rows, "CHUNK_CHARS", 4096)
@@ -324,7 +336,7 @@ def test_a_csv_converts_to_the_same_bytes_as_the_whole_table_reader(tmp_path, mo
   manifest = _convert("csv", csv, tmp_path / "out", seed=3)
   hashes = {split: [shard["sha256"] for shard in shards]
             for split, shards in manifest["splits"].items()}
-  assert hashes == _GOLDEN_SHARDS
+  assert hashes == _GOLDEN_SHARDS[layout]
   assert manifest["metadata"]["feature_columns"] == ["a", "b", "c"]
 
 
