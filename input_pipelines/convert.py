@@ -6,9 +6,10 @@ input_pipelines/convert_inputs.py. `--verify=DIR` re-hashes a converted folder.
 
 What it guarantees:
 - Bad input is one line `distloop: error: ...` on stderr and exit 2, found
-  before the output folder is created (a bad file found midway -- an image that
+  before the output folder is created (a CSV is read through once first, with a
+  progress bar, to check every cell); a bad file found midway -- an image that
   does not decode, a TFRecord that does not fit --features -- also exits 2, and
-  removes the output folder if this run created it).
+  removes what this run wrote (the output folder, if this run created it).
 - Every shard is verified when written (its record count, and the SHA-256 of its
   records read back) before it is renamed into place and recorded in
   DIR/progress.json; manifest.json is written last, with each shard's size,
@@ -74,9 +75,17 @@ def main(argv):
         eval_fraction=_EVAL_FRACTION.value, seed=_SEED.value, image_size=_IMAGE_SIZE.value,
         channels=_CHANNELS.value)
     # Checks the input first (TensorFlow is not needed for that, except to read TFRecords),
-    # then loads TensorFlow, which encodes the records, with its start-up lines hidden.
+    # then loads TensorFlow, which encodes the records, with its start-up lines hidden (and
+    # the input's progress bar, if the check loads TensorFlow itself).
+    build = convert_inputs.FORMATS[_FROM.value]
+    try:
+      with _signals_interrupt(), (native_output.native_startup_silenced() if _FROM.value in
+                                  convert_inputs.LOADS_TENSORFLOW else contextlib.nullcontext()):
+        source = build(_INPUT.value, options)
+    except Interrupted:
+      raise Interrupted(f"interrupted while reading {_INPUT.value}, before anything was "
+                        f"written") from None
     with native_output.native_startup_silenced():
-      source = convert_inputs.FORMATS[_FROM.value](_INPUT.value, options)
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,
                    compress=_COMPRESS.value)
@@ -101,7 +110,7 @@ def convert(source: convert_inputs.Input, output: str, *, shard_bytes: int = 256
           f"re-hashes it)")
     return EXIT_OK
   progress = progress_lib.Progress.resume_or_start(output, source.fingerprint)
-  created = progress.created
+  created, fresh = progress.created, not progress.done
   plans = {split: _plan(progress, split, source.splits[split], shard_bytes)
            for split in manifest_lib.SPLITS}
   total = sum(s.num_examples for s in source.splits.values())
@@ -114,9 +123,11 @@ def convert(source: convert_inputs.Input, output: str, *, shard_bytes: int = 256
         converted += _write_split(progress, source.splits[split], *plans[split],
                                   compress=compress, bar=bar)
   except DataError:
-    bar.close()
+    progress_lib.clear(bar)  # the error's one line stands alone
     if created:  # bad input found midway: leave nothing behind
       shutil.rmtree(output, ignore_errors=True)
+    elif fresh:  # a folder that was empty: empty again
+      _remove_written(progress)
     raise
   except Interrupted:
     bar.close()
@@ -157,6 +168,13 @@ def _plan(progress, split: str, data: convert_inputs.Split, shard_bytes: int):
     progress.records_per_shard[split] = per_shard
   count = -(-data.num_examples // per_shard)
   return [shards.name(split, i, count) for i in range(count)], per_shard
+
+
+def _remove_written(progress) -> None:
+  for shard in progress.done.values():
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(progress.directory, shard["file"]))
+  progress.remove()
 
 
 def _write_split(progress, data: convert_inputs.Split, names: list[str], per_shard: int, *,

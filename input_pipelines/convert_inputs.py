@@ -12,13 +12,17 @@ Formats, and the readers they reuse:
   idx           a folder of the four MNIST IDX files (input_pipelines/mnist.py)
   npz           an mnist.npz-style file (x_train, y_train, x_test, y_test)
   csv           a table: a .csv/.npz file or a folder with train.csv/test.csv
-                (input_pipelines/table.py; --label names the label column)
+                (input_pipelines/table.py; --label names the label column); a CSV
+                is read in chunks (input_pipelines/csv_rows.py): once to check
+                every cell and count the rows, then again per split as it is
+                written, so memory holds a chunk (and which rows are held out)
   image_folder  data.dir/train/<class>/<image> [and test/] (input_pipelines/
                 image_folder.py); the encoded files are stored, decoded when read
   tfrecord      TFRecord files of tf.train.Example (--input and --eval_input
                 globs, --features the spec, --label its label key); copied as is
 """
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -29,7 +33,10 @@ from typing import Callable, Iterator
 import ml_collections
 import numpy as np
 
+from input_pipelines import csv_rows
 from input_pipelines import features as features_lib
+from input_pipelines import option_names
+from input_pipelines import progress as progress_lib
 from input_pipelines.errors import DataError
 
 _VALIDATE_BATCH = 256  # TFRecord records parsed at a time while converting
@@ -45,6 +52,7 @@ class Options:
   seed: int = 0
   image_size: int = 32
   channels: int = 3
+  show_progress: bool = True  # csv: a bar on stderr while every cell is checked
 
 
 @dataclasses.dataclass
@@ -124,17 +132,103 @@ def npz(path: str, options: Options) -> Input:
 
 def csv(path: str, options: Options) -> Input:
   from input_pipelines import table  # pylint: disable=g-import-not-at-top
+  names = option_names.CONVERTER
+  train_path, test_path = table.files(path, names)
+  if not all(p.endswith(".csv") for p in (train_path, test_path) if p):
+    return _npz_table(path, options)
+  headers = []  # (file, its columns): both headers checked before any file is read through
+  for file in (train_path, test_path):
+    if file is not None:
+      columns = csv_rows.read_header(file)
+      features = table.feature_columns(file, columns, options.label, names)
+      if headers:  # the test file: train's features (stored in train's order)
+        table.check_same_columns(file, features, os.path.basename(train_path), train_features)
+      else:
+        train_features = features
+      headers.append((file, columns))
+  tables = [_CsvFile(file, columns, train_features, _count_rows(file, columns,
+                                                                options.show_progress))
+            for file, columns in headers]
+  spec = features_lib.check({"features": {"encoding": "float", "shape": [len(train_features)]},
+                             "label": {"encoding": "float", "shape": []}}, "label", "--from=csv")
+  if test_path is None:  # a seeded share of the rows held out, as table.py holds it out
+    held_out = table.held_out_rows(train_path, tables[0].count, options.eval_fraction,
+                                   options.seed, names)
+    splits = {"train": tables[0].split(spec, options.label, ~held_out),
+              "eval": tables[0].split(spec, options.label, held_out)}
+  else:
+    splits = {"train": tables[0].split(spec, options.label),
+              "eval": tables[1].split(spec, options.label)}
+  return Input(spec, "label", splits,
+               {"from": "csv", "input": os.path.abspath(path),
+                "feature_columns": tables[0].features},
+               _fingerprint("csv", [p for p in (train_path, test_path) if p],
+                            {"label": options.label, "eval_fraction": options.eval_fraction,
+                             "seed": options.seed}))
+
+
+@dataclasses.dataclass
+class _CsvFile:
+  path: str
+  columns: list
+  features: list  # the feature columns, in the order they are stored
+  count: int  # data rows
+
+  def split(self, spec: dict, label: str, rows: np.ndarray | None = None) -> Split:
+    """A split of this file's rows (those where the mask `rows` is True), read in chunks."""
+    feature_index = [self.columns.index(n) for n in self.features]
+    label_index = self.columns.index(label)
+    return Split(int(self.count if rows is None else rows.sum()),
+                 functools.partial(_csv_records, self.path, self.columns, feature_index,
+                                   label_index, spec, rows))
+
+
+def _csv_records(path, columns, feature_index, label_index, spec, rows, start):
+  """The split's serialized examples from its example `start` on, a chunk at a time."""
+  encode = features_lib.encoder(spec)
+  seen = file_row = 0  # the split's examples passed; the file's rows passed
+  for chunk in csv_rows.chunks(path, columns):
+    if rows is not None:
+      if file_row + len(chunk) > len(rows):
+        raise DataError(f"{path}: has more rows than when it was checked (changed meanwhile?)")
+      chunk, file_row = chunk[rows[file_row:file_row + len(chunk)]], file_row + len(chunk)
+    if seen + len(chunk) <= start:
+      seen += len(chunk)
+      continue
+    chunk = chunk[max(0, start - seen):]
+    seen = max(seen, start)
+    features = np.ascontiguousarray(chunk[:, feature_index])
+    labels = chunk[:, label_index].copy()
+    for i in range(len(chunk)):
+      yield encode({"features": features[i], "label": labels[i]})
+    seen += len(chunk)
+
+
+def _count_rows(path: str, columns: list, show_progress: bool) -> int:
+  """The data rows of a CSV, every cell checked (a bad one is a DataError naming its line and
+  column), with a bar on stderr."""
+  with progress_lib.file_bar(path, "checking", enabled=show_progress) as bar:
+    count = sum(len(chunk) for chunk in csv_rows.chunks(path, columns, on_read=bar.reached))
+  if count == 0:
+    raise DataError(f"{path}: no rows after the header")
+  return count
+
+
+def _npz_table(path: str, options: Options) -> Input:
+  """A table in .npz files: read whole (an .npz is not read in parts)."""
+  from input_pipelines import table  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"dir": path, "label_column": options.label,
                                       "eval_fraction": options.eval_fraction})
-  (train_path, train), (eval_path, evaluation) = table._load(config, options.seed)  # pylint: disable=protected-access
+  (train_path, train), (eval_path, evaluation) = table._load(  # pylint: disable=protected-access
+      config, options.seed, names=option_names.CONVERTER)
   num_features = train[0].shape[1]
   spec = features_lib.check({"features": {"encoding": "float", "shape": [num_features]},
                              "label": {"encoding": "float", "shape": []}}, "label", "--from=csv")
   files = [p for p in (train_path, eval_path) if os.path.isfile(p)]
   columns = None
-  if train_path.endswith(".csv"):
-    with open(train_path, encoding="utf-8-sig") as f:
-      columns = [c.strip() for c in f.readline().strip().split(",") if c.strip() != options.label]
+  if train_path.endswith(".csv"):  # a train.csv beside a test.npz
+    columns = table.feature_columns(train_path, csv_rows.read_header(train_path), options.label,
+                                    option_names.CONVERTER)
   return Input(spec, "label", {
       "train": _array_split(spec, {"features": train[0], "label": train[1]}),
       "eval": _array_split(spec, {"features": evaluation[0], "label": evaluation[1]})},
@@ -148,7 +242,7 @@ def image_folder(path: str, options: Options) -> Input:
   config = ml_collections.ConfigDict({"dir": path, "image_size": options.image_size,
                                       "channels": options.channels,
                                       "eval_fraction": options.eval_fraction})
-  train, evaluation = folder.build(config, options.seed)
+  train, evaluation = folder.build(config, options.seed, option_names.CONVERTER)
   spec = features_lib.check({
       "images": {"encoding": "image", "shape": [options.image_size, options.image_size,
                                                 options.channels],
@@ -261,5 +355,6 @@ def _op_message(error) -> str:
   return " ".join(text.split())[:200]
 
 
+LOADS_TENSORFLOW = ("tfrecord",)  # a format whose check itself loads TensorFlow
 FORMATS = {"idx": idx, "npz": npz, "csv": csv, "image_folder": image_folder,
            "tfrecord": tfrecord}

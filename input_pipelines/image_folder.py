@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from input_pipelines import option_names
 from input_pipelines.errors import DataError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -84,19 +85,21 @@ def decode(path: str, size: int, channels: int) -> np.ndarray:
   return np.clip(pixels, 0.0, 1.0)
 
 
-def build(data_config: ml_collections.ConfigDict, seed: int
+def build(data_config: ml_collections.ConfigDict, seed: int, names=option_names.CONFIG
           ) -> tuple[ImageFolderSource, ImageFolderSource]:
-  """(train, eval) sources from `data.dir`; lists files, decodes none."""
-  size, channels = _check_fields(data_config)
+  """(train, eval) sources from `data.dir`; lists files, decodes none; messages name the
+  options as `names` spells them."""
+  size, channels = _check_fields(data_config, names)
   root = os.path.expanduser(data_config.dir)
+  folder = names["dir"]
   if not root:
-    raise DataError("data.dir: empty; image_folder reads data.dir/train/<class>/<image>")
+    raise DataError(f"{folder}: empty; image_folder reads {folder}/train/<class>/<image>")
   if not os.path.isdir(root):
-    raise DataError(f"{root}: no such folder (data.dir)")
+    raise DataError(f"{root}: no such folder ({folder})")
   train_dir = os.path.join(root, "train")
   if not os.path.isdir(train_dir):
     raise DataError(f"{train_dir}: no such folder; image_folder reads "
-                    f"data.dir/train/<class>/<image> (and data.dir/test/<class>/<image>)")
+                    f"{folder}/train/<class>/<image> (and {folder}/test/<class>/<image>)")
   classes = _class_folders(train_dir)
   paths, labels = _list_images(train_dir, classes, classes)
 
@@ -112,7 +115,8 @@ def build(data_config: ml_collections.ConfigDict, seed: int
   elif os.path.exists(test_dir):
     raise DataError(f"{test_dir}: not a folder; test/ holds <class>/<image> like train/")
   else:
-    eval_share = _held_out(labels, data_config.eval_fraction, seed, train_dir)
+    eval_share = _held_out(labels, data_config.eval_fraction, seed, train_dir,
+                           names["eval_fraction"])
     train_paths = [p for p, held in zip(paths, eval_share) if not held]
     eval_paths = [p for p, held in zip(paths, eval_share) if held]
     train_labels, eval_labels = labels[~eval_share], labels[eval_share]
@@ -121,12 +125,13 @@ def build(data_config: ml_collections.ConfigDict, seed: int
           ImageFolderSource(eval_paths, eval_labels, classes, image_size=size, channels=channels))
 
 
-def _check_fields(data_config) -> tuple[int, int]:
+def _check_fields(data_config, names) -> tuple[int, int]:
   size, channels = data_config.image_size, data_config.channels
   if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-    raise DataError(f"data.image_size={size!r}: must be a positive integer (pixels per side)")
+    raise DataError(f"{names['image_size']}={size!r}: must be a positive integer (pixels per "
+                    f"side)")
   if channels not in _MODES or isinstance(channels, bool):
-    raise DataError(f"data.channels={channels!r}: must be 3 (RGB) or 1 (grayscale)")
+    raise DataError(f"{names['channels']}={channels!r}: must be 3 (RGB) or 1 (grayscale)")
   return size, channels
 
 
@@ -159,10 +164,11 @@ def _list_images(split_dir: str, names: list[str], classes: list[str]
   return paths, np.asarray(labels, dtype=np.int64)
 
 
-def _held_out(labels: np.ndarray, fraction: float, seed: int, train_dir: str) -> np.ndarray:
+def _held_out(labels: np.ndarray, fraction: float, seed: int, train_dir: str,
+              field: str) -> np.ndarray:
   """Boolean mask: a seeded `fraction` of every class (at least one image of each stays)."""
   if not 0.0 < fraction < 1.0:
-    raise DataError(f"data.eval_fraction={fraction!r}: must be between 0 and 1 (exclusive) "
+    raise DataError(f"{field}={fraction!r}: must be between 0 and 1 (exclusive) "
                     f"when {os.path.dirname(train_dir)} has no test/ folder")
   rng = np.random.default_rng([seed, 0x1F01DE2])  # this pipeline's own stream of the seed
   mask = np.zeros(len(labels), dtype=bool)
@@ -171,7 +177,7 @@ def _held_out(labels: np.ndarray, fraction: float, seed: int, train_dir: str) ->
     count = min(int(round(fraction * len(members))), len(members) - 1)
     mask[rng.permutation(members)[:count]] = True
   if not mask.any():
-    raise DataError(f"{train_dir}: data.eval_fraction={fraction} of {len(labels)} images holds "
+    raise DataError(f"{train_dir}: {field}={fraction} of {len(labels)} images holds "
                     f"out none; raise it or add a test/ folder")
   return mask
 

@@ -5,6 +5,7 @@ split (fixed by the first run) and every shard already written and verified,
 so an interrupted conversion resumes shard by shard. It is rewritten
 atomically after each shard and removed once manifest.json is written.
 """
+import contextlib
 import json
 import os
 
@@ -71,6 +72,8 @@ class Progress:
 
 
 class _NoBar:
+  leave = True
+
   def update(self, n: int) -> None:
     pass
 
@@ -85,3 +88,38 @@ def bar(total: int, initial: int, *, enabled: bool = True):
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   return tqdm(total=total, initial=initial, unit="rec", unit_scale=True, mininterval=0.5,
               smoothing=0.1, desc="converting", dynamic_ncols=True)
+
+
+class _FileBar:
+  """A bar over a file's bytes: `reached(position)` moves it."""
+
+  def __init__(self, bar):
+    self.bar = bar
+
+  def reached(self, position: int) -> None:
+    if self.bar is not None:
+      self.bar.update(max(0, min(position, self.bar.total) - self.bar.n))
+
+
+@contextlib.contextmanager
+def file_bar(path: str, verb: str, *, enabled: bool = True):
+  """`verb FILE` with bytes, rate and ETA on stderr while the block reads the file; cleared
+  when the block fails, so that a failure's one line stands alone."""
+  if not enabled:
+    yield _FileBar(None)
+    return
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  bar = tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, mininterval=0.5,
+             smoothing=0.1, desc=f"{verb} {os.path.basename(path)}", dynamic_ncols=True)
+  try:
+    yield _FileBar(bar)
+  except BaseException:
+    clear(bar)
+    raise
+  bar.close()
+
+
+def clear(bar) -> None:
+  """Closes a bar and wipes its line (a bar that is not shown is just closed)."""
+  bar.leave = False
+  bar.close()

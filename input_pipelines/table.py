@@ -23,14 +23,14 @@ noise, with variance 1 (predicting the mean scores an MSE of about 1).
 Builders here run numpy only (no TensorFlow), so a bad file is one line naming
 it (`DataError`) before anything starts.
 """
-import csv
 import functools
 import os
-import warnings
 
 import ml_collections
 import numpy as np
 
+from input_pipelines import csv_rows
+from input_pipelines import option_names
 from input_pipelines.errors import DataError
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -109,28 +109,18 @@ def _regression_rule(rng: np.random.Generator, num_features: int):
 
 # Files -------------------------------------------------------------------------------------
 
-def _load(data_config, seed: int, check=None):
+def _load(data_config, seed: int, check=None, names=option_names.CONFIG):
   """((train_path, (features, labels)), (eval_path, (features, labels))) from data.dir;
-  `check(path, labels)` sees each file's labels before any hold-out."""
-  path = data_config.dir
-  if os.path.isdir(path):
-    train_path = _pick(path, "train", required=True)
-    test_path = _pick(path, "test", required=False)
-  elif os.path.isfile(path):
-    if not path.endswith((".csv", ".npz")):
-      raise DataError(f"{path}: not a .csv or .npz file (data.dir takes a .csv or .npz file "
-                      f"or a folder holding train.csv or train.npz)")
-    train_path, test_path = path, None
-  else:
-    raise DataError(f"{path}: no such file or folder (data.dir)")
-
-  columns, train = _read(train_path, data_config.label_column)
+  `check(path, labels)` sees each file's labels before any hold-out; messages name the
+  options as `names` spells them."""
+  train_path, test_path = files(data_config.dir, names)
+  columns, train = _read(train_path, data_config.label_column, names)
   if check:
     check(train_path, train[1])
   if test_path is None:
-    return _hold_out(train_path, train, data_config.eval_fraction, seed)
-  test_columns, test = _read(test_path, data_config.label_column)
-  _check_same_columns(test_path, test_columns, os.path.basename(train_path), columns)
+    return _hold_out(train_path, train, data_config.eval_fraction, seed, names)
+  test_columns, test = _read(test_path, data_config.label_column, names)
+  check_same_columns(test_path, test_columns, os.path.basename(train_path), columns)
   if check:
     check(test_path, test[1])
   if isinstance(columns, list) and isinstance(test_columns, list):  # both CSV: train's order
@@ -139,37 +129,60 @@ def _load(data_config, seed: int, check=None):
   return (train_path, train), (test_path, test)
 
 
-def _pick(folder: str, stem: str, required: bool) -> str | None:
+def files(path: str, names=option_names.CONFIG) -> tuple[str, str | None]:
+  """(the training file, the test file or None) that `path` names."""
+  what = (f"{names['dir']} takes a .csv or .npz file or a folder holding train.csv or "
+          f"train.npz")
+  if os.path.isdir(path):
+    return _pick(path, "train", True, what), _pick(path, "test", False, what)
+  if os.path.isfile(path):
+    if not path.endswith((".csv", ".npz")):
+      raise DataError(f"{path}: not a .csv or .npz file ({what})")
+    return path, None
+  raise DataError(f"{path}: no such file or folder ({names['dir']})")
+
+
+def _pick(folder: str, stem: str, required: bool, what: str) -> str | None:
   found = [os.path.join(folder, stem + ext) for ext in (".csv", ".npz")
            if os.path.isfile(os.path.join(folder, stem + ext))]
   if len(found) > 1:
     raise DataError(f"{folder}: holds both {stem}.csv and {stem}.npz; keep one")
   if not found:
     if required:
-      raise DataError(f"{folder}: holds no train.csv or train.npz (data.dir takes a .csv or "
-                      f".npz file or a folder holding train.csv or train.npz)")
+      raise DataError(f"{folder}: holds no train.csv or train.npz ({what})")
     return None
   return found[0]
 
 
-def _read(path: str, label_column: str):
+def _read(path: str, label_column: str, names=option_names.CONFIG):
   """(feature column names, or the feature count of an npz, (features, labels)), checked."""
   if path.endswith(".npz"):
     features, labels = _read_npz(path)
     return features.shape[1], (features, labels)
-  names, table = _read_csv(path)
-  if label_column not in names:
-    raise DataError(f"{path}: no column {label_column!r} (data.label_column); its columns "
-                    f"are {', '.join(map(repr, names))}")
-  feature_names = [n for n in names if n != label_column]
+  columns = csv_rows.read_header(path)
+  feature_names = feature_columns(path, columns, label_column, names)
+  table = np.concatenate([np.empty((0, len(columns)), np.float32),
+                          *csv_rows.chunks(path, columns)])
+  if table.shape[0] == 0:
+    raise DataError(f"{path}: no rows after the header")
+  order = [columns.index(n) for n in feature_names]
+  return feature_names, (np.ascontiguousarray(table[:, order]),
+                         table[:, columns.index(label_column)].copy())
+
+
+def feature_columns(path: str, columns: list[str], label_column: str,
+                    names=option_names.CONFIG) -> list[str]:
+  """The columns other than the label, in file order; DataError without the label."""
+  if label_column not in columns:
+    raise DataError(f"{path}: no column {label_column!r} ({names['label_column']}); its "
+                    f"columns are {', '.join(map(repr, columns))}")
+  feature_names = [n for n in columns if n != label_column]
   if not feature_names:
     raise DataError(f"{path}: no feature columns, only the label column {label_column!r}")
-  order = [names.index(n) for n in feature_names]
-  return feature_names, (np.ascontiguousarray(table[:, order]),
-                         table[:, names.index(label_column)].copy())
+  return feature_names
 
 
-def _check_same_columns(path: str, columns, train_name: str, train_columns) -> None:
+def check_same_columns(path: str, columns, train_name: str, train_columns) -> None:
   """The test file has the training file's features: by name (CSV) or by count."""
   if isinstance(columns, list) and isinstance(train_columns, list):
     missing = [n for n in train_columns if n not in columns]
@@ -186,63 +199,6 @@ def _check_same_columns(path: str, columns, train_name: str, train_columns) -> N
     raise DataError(f"{path}: {count} features per row, {train_name} {train_count}")
 
 
-def _read_csv(path: str) -> tuple[list[str], np.ndarray]:
-  """(column names, float32 [rows, columns]); DataError naming the line and column."""
-  try:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-      header = next(csv.reader(f), None)
-  except (OSError, UnicodeDecodeError) as e:
-    raise DataError(f"{path}: cannot read ({_reason(e)})") from None
-  if header is None:
-    raise DataError(f"{path}: the file is empty (expected a header row naming the columns)")
-  names = [n.strip() for n in header]
-  if any(not n for n in names):
-    raise DataError(f"{path}: the header has an empty column name (column "
-                    f"{[not n for n in names].index(True) + 1})")
-  duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
-  if duplicate is not None:
-    raise DataError(f"{path}: the header names column {duplicate!r} twice")
-  try:  # the fast path: numpy's C parser; on any doubt, find the cell in Python
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore")  # "input contained no data": said below, as an error
-      table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2,
-                         comments=None, encoding="utf-8-sig")
-  except ValueError:
-    table = None
-  if table is None or table.shape[1:] != (len(names),) or not np.isfinite(table).all():
-    table = _read_csv_slowly(path, names)
-  if table.shape[0] == 0:
-    raise DataError(f"{path}: no rows after the header")
-  return names, table.astype(np.float32)
-
-
-def _read_csv_slowly(path: str, names: list[str]) -> np.ndarray:
-  """The table cell by cell, to say exactly which line and column is wrong."""
-  rows = []
-  with open(path, newline="", encoding="utf-8-sig") as f:
-    reader = csv.reader(f)
-    next(reader)
-    for row in reader:
-      line = reader.line_num
-      if not row or (len(row) == 1 and not row[0].strip()):
-        continue  # blank line
-      if len(row) != len(names):
-        raise DataError(f"{path}: line {line} has {len(row)} cells, the header {len(names)}")
-      values = []
-      for name, cell in zip(names, row):
-        try:
-          value = float(cell)
-        except ValueError:
-          what = "is empty" if not cell.strip() else f"holds {cell.strip()[:40]!r}, not a number"
-          raise DataError(f"{path}: line {line}, column {name!r} {what}") from None
-        if not np.isfinite(value):
-          raise DataError(f"{path}: line {line}, column {name!r} holds {cell.strip()!r}, not "
-                          f"a finite number")
-        values.append(value)
-      rows.append(values)
-  return np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
-
-
 def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
   try:
     with np.load(path, allow_pickle=False) as f:
@@ -255,7 +211,7 @@ def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
   except DataError:
     raise
   except Exception as e:  # pylint: disable=broad-except  (zipfile, pickle and OS errors alike)
-    raise DataError(f"{path}: cannot read as .npz ({_reason(e)})") from None
+    raise DataError(f"{path}: cannot read as .npz ({csv_rows.reason(e)})") from None
   for name, array in zip(pair, (features, labels)):
     if array.dtype.kind not in "biuf":
       raise DataError(f"{path}: {name!r} has dtype {array.dtype}; expected numbers")
@@ -280,19 +236,27 @@ def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
   return features, labels
 
 
-def _hold_out(path: str, table: Split, eval_fraction: float, seed: int):
+def _hold_out(path: str, table: Split, eval_fraction: float, seed: int,
+              names=option_names.CONFIG):
   """A seeded share `eval_fraction` of the rows as the eval split, the rest to train."""
   features, labels = table
-  n = len(labels)
-  num_eval = min(max(int(round(n * eval_fraction)), 0), n)
-  if not 0 < num_eval < n:
-    raise DataError(f"{path}: data.eval_fraction={eval_fraction} of its {n} rows leaves "
-                    f"an empty {'eval' if num_eval == 0 else 'train'} split (there is no "
-                    f"test file; use a fraction in (0, 1) or add one)")
-  order = np.random.default_rng([seed, 3]).permutation(n)
-  eval_rows, train_rows = np.sort(order[:num_eval]), np.sort(order[num_eval:])
+  held_out = held_out_rows(path, len(labels), eval_fraction, seed, names)
+  eval_rows, train_rows = np.flatnonzero(held_out), np.flatnonzero(~held_out)
   return ((path, (features[train_rows], labels[train_rows])),
           (f"{path} (held-out rows)", (features[eval_rows], labels[eval_rows])))
+
+
+def held_out_rows(path: str, n: int, eval_fraction: float, seed: int,
+                  names=option_names.CONFIG) -> np.ndarray:
+  """Boolean mask [n]: the rows of the eval split (a seeded share `eval_fraction`)."""
+  num_eval = min(max(int(round(n * eval_fraction)), 0), n)
+  if not 0 < num_eval < n:
+    raise DataError(f"{path}: {names['eval_fraction']}={eval_fraction} of its {n} rows "
+                    f"leaves an empty {'eval' if num_eval == 0 else 'train'} split (there is "
+                    f"no test file; use a fraction in (0, 1) or add one)")
+  mask = np.zeros(n, dtype=bool)
+  mask[np.random.default_rng([seed, 3]).permutation(n)[:num_eval]] = True
+  return mask
 
 
 def _check_binary(path: str, labels: np.ndarray, label_column: str) -> None:
@@ -302,7 +266,3 @@ def _check_binary(path: str, labels: np.ndarray, label_column: str) -> None:
              else f"labels[{bad[0]}]")
     raise DataError(f"{path}: {where} is {labels[bad[0]]:g}; data.name='tabular' takes "
                     f"labels 0 and 1 (use data.name='regression' for other targets)")
-
-
-def _reason(e: Exception) -> str:
-  return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
