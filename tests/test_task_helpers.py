@@ -2,6 +2,7 @@
 negatives for a contrastive loss) and `step.example_seeds` (augmentations that do not
 change with the replica count), each the same on 1 and 2 replicas; `load_weights`
 errors that name the call, not config fields the user never set."""
+import csv
 import json
 import os
 import subprocess
@@ -148,3 +149,33 @@ def test_load_weights_errors_name_the_call_not_init_from(tmp_path, teacher_dir, 
   assert "init_from" not in line and "init_partial" not in line, line
   if case == "another_shape":
     assert "small/head/" in line and "model 'small'" in line, line
+
+
+class _TwoOptimizers(_Small):
+  """A model in two halves, each updated by its own optimizer (a GAN's shape)."""
+
+  def build(self, context):
+    self.body = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                                  keras.layers.Dense(4)], name="body")
+    self.head = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10)], name="head")
+    self.body_optimizer = context.optimizer(self.body.trainable_variables)
+    self.head_optimizer = context.optimizer(self.head.trainable_variables)
+
+  def train_step(self, batch, step):
+    features, labels = batch
+    with tf.GradientTape(persistent=True) as tape:
+      per_example = keras.losses.sparse_categorical_crossentropy(
+          labels, self.head(self.body(features)), from_logits=True)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.body_optimizer, tape, loss, self.body.trainable_variables, name="body")
+    step.minimize(self.head_optimizer, tape, loss, self.head.trainable_variables, name="head")
+    return {"loss": per_example}
+
+
+def test_two_optimizers_log_their_learning_rates_under_their_attribute_names(tmp_path):
+  trainer.run(_config(), model_dir=str(tmp_path), task=_TwoOptimizers())
+  with open(tmp_path / "metrics.csv") as f:
+    names = {row["name"] for row in csv.DictReader(f)}
+  # Not learning_rate_adam and learning_rate_adam_1 (Keras's names, numbered per process).
+  assert ({name for name in names if name.startswith("learning_rate")}
+          == {"learning_rate_body_optimizer", "learning_rate_head_optimizer"}), names

@@ -98,7 +98,13 @@ class TaskState:
         raise UserError(f"{self._task_name}'s optimizer {optimizer.name!r} is not built: "
                         f"call optimizer.build(variables) in build()")
     self.models = keys.model_names(models)
-    self.optimizers = keys.optimizer_names(optimizers)
+    self.optimizers = keys.optimizer_names(optimizers)  # checkpoint keys: kept as they were
+    # What logs call each optimizer: where the task holds it (`generator_optimizer`), the
+    # same in every process (Keras numbers automatic names per process: adam, adam_1).
+    attributes = {id(value): name for name, value in found.items()
+                  if isinstance(value, keras.optimizers.Optimizer)}
+    self.optimizer_labels = {name: attributes[id(optimizer)]
+                             for name, optimizer in self.optimizers.items()}
     for name, optimizer in self.optimizers.items():  # a Task's own ones too
       optimizer_rules.check_supported(optimizer, f"{self._task_name}'s optimizer {name!r}")
     # float16: one dynamic loss scale per optimizer (its updates skip on overflow alone).
@@ -164,7 +170,8 @@ class TaskState:
                    f"{frozen:,} not)")
     for name, optimizer in self.optimizers.items():
       updated = getattr(optimizer, "_trainable_variables", [])
-      lines.append(f"optimizer {name}: {optimizer_rules.describe(optimizer, updated)}")
+      label = self.optimizer_labels[name] if len(self.optimizers) > 1 else name
+      lines.append(f"optimizer {label}: {optimizer_rules.describe(optimizer, updated)}")
     return lines
 
   def averaged_weights(self):
@@ -172,11 +179,12 @@ class TaskState:
     return optimizer_rules.averaged_weights(list(self.optimizers.values()))
 
   def learning_rates(self) -> dict:
-    """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer."""
+    """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer,
+    `learning_rate_<where the task holds it>`."""
     if len(self.optimizers) == 1:
       (optimizer,) = self.optimizers.values()
       return {"learning_rate": float(optimizer.learning_rate.numpy())}
-    return {f"learning_rate_{name}": float(optimizer.learning_rate.numpy())
+    return {f"learning_rate_{self.optimizer_labels[name]}": float(optimizer.learning_rate.numpy())
             for name, optimizer in self.optimizers.items()}
 
 
