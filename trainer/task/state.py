@@ -37,7 +37,8 @@ def held(named: dict) -> dict:
   What a task held before layers, generators and deeper containers were walked (models,
   optimizers and variables at most one container deep) comes first, in attribute order,
   so that the checkpoint keys of those stay as they were. An object held twice is
-  named where first found (a variable is keyed at each place, as before).
+  named where first found (a variable at each place: TaskState saves it once, where a
+  model, layer or optimizer saves it, else where first held).
   """
   found = []  # (name, value, depth)
 
@@ -112,7 +113,9 @@ class TaskState:
                         for optimizer in optimizers}
     model_keys = keys.model_variables(self.models)
     model_keys = keys.merged(model_keys, keys.layer_variables(layers, keyed=model_keys))
-    self.model_variables = keys.merged(model_keys, keys.extra_variables(extra))
+    self.model_variables = keys.merged(model_keys, keys.extra_variables(
+        _not_saved_yet(extra, [*model_keys.values(),
+                               *(v for o in optimizers for v in o.variables)])))
     self.optimizer_variables = keys.optimizer_variables(self.optimizers, model_keys)
     for name, optimizer in self.optimizers.items():
       scale = self.loss_scales[id(optimizer)]
@@ -186,6 +189,22 @@ class TaskState:
       return {"learning_rate": float(optimizer.learning_rate.numpy())}
     return {f"learning_rate_{self.optimizer_labels[name]}": float(optimizer.learning_rate.numpy())
             for name, optimizer in self.optimizers.items()}
+
+
+def _not_saved_yet(extra: dict, saved: list) -> dict:
+  """The task's own variables ({name: variable}) that no model, layer or optimizer saves
+  already, each once (where first held): a list of a model's variables held as an
+  attribute (`self.trainables = model.trainable_variables`) is saved as the model's."""
+  seen = set()
+  for variable in saved:
+    seen.update(_identities(variable))
+  kept = {}
+  for name, variable in extra.items():
+    identities = _identities(variable)
+    if not seen.intersection(identities):
+      kept[name] = variable
+    seen.update(identities)
+  return kept
 
 
 def _identities(variable) -> set:
