@@ -15,7 +15,8 @@ import pytest
 
 import configs
 import trainer
-from tests.cli import REPO, user_environment
+from tests.cli import REPO, train_ok, user_environment
+from tests.processes import assert_same_state, checkpoint_arrays
 from trainer.errors import UserError
 
 # One process, 2 logical CPU devices: the same step context on the default strategy (1
@@ -179,3 +180,17 @@ def test_two_optimizers_log_their_learning_rates_under_their_attribute_names(tmp
   # Not learning_rate_adam and learning_rate_adam_1 (Keras's names, numbered per process).
   assert ({name for name in names if name.startswith("learning_rate")}
           == {"learning_rate_body_optimizer", "learning_rate_head_optimizer"}), names
+
+
+@pytest.mark.slow  # two CLI runs (~35 s): the fast suite keeps the step-context checks above
+def test_a_contrastive_task_with_global_negatives_trains_alike_on_1_and_2_replicas(tmp_path):
+  flags = ["--config=synthetic", f"--config.train.task={REPO}/tests/contrastive_plugins.py:"
+           "Contrastive", "--config.runtime.strategy=mirrored", "--config.train.steps=4",
+           "--config.train.steps_per_loop=4", "--config.train.global_batch_size=16",
+           "--config.data.num_train_examples=64", "--config.data.num_eval_examples=32",
+           "--config.train.optimizer=sgd", "--config.runtime.deterministic=true"]
+  summaries = {n: train_ok(tmp_path / str(n), *flags, f"--config.runtime.num_cpu_devices={n}")
+               for n in (1, 2)}
+  assert summaries[1]["train_loss"] == pytest.approx(summaries[2]["train_loss"], abs=1e-6)
+  assert_same_state(checkpoint_arrays(tmp_path / "2", 4), checkpoint_arrays(tmp_path / "1", 4),
+                    atol=1e-6)
