@@ -30,9 +30,12 @@ def _learning_rates(model_dir) -> dict:
             if row["name"] == "learning_rate"}
 
 
-def test_a_field_the_task_frees_changes_on_resume_and_is_used(tmp_path):
+def test_a_field_the_task_frees_changes_on_resume_and_is_used(tmp_path, caplog):
   trainer.run(_config(2), str(tmp_path))
+  caplog.clear()
   assert trainer.run(_config(4, learning_rate=0.02), str(tmp_path))["step"] == 4
+  assert any("own.learning_rate=0.02 on resume (it was 0.1" in record.getMessage()
+             for record in caplog.records), "the change is logged"
   rates = _learning_rates(tmp_path)
   assert rates[2] == pytest.approx(0.1) and rates[4] == pytest.approx(0.02), rates
 
