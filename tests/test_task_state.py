@@ -162,6 +162,42 @@ def test_state_beyond_top_level_models_is_saved_and_a_resume_equals_the_run(tmp_
                                err_msg=expected.path if hasattr(expected, "path") else "")
 
 
+class VariablesInAList(_Step):
+  """A list of the model's variables held as an attribute (the variables it updates), and
+  a variable of its own in the same list: each saved once."""
+
+  def build(self, context):
+    self.model = _model("tiny")
+    self.scale = tf.Variable(1.0, trainable=False,
+                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    self.updated = [*self.model.trainable_variables, self.scale]
+    self.optimizer = context.optimizer(self.trainable())
+
+  def trainable(self):
+    return self.updated[:-1]
+
+  def logits(self, features, step):
+    self.scale.assign(self.scale * 0.9)
+    return self.model(features) * self.scale
+
+  def saved(self):
+    return [*self.model.weights, self.scale]
+
+
+def test_variables_held_in_a_list_are_saved_once_and_a_resume_equals_the_run(tmp_path):
+  straight = VariablesInAList()
+  trainer.run(_config(6), str(tmp_path / "straight"), task=straight)
+  trainer.run(_config(3), str(tmp_path / "resumed"), task=VariablesInAList())
+  resumed = VariablesInAList()
+  assert trainer.run(_config(6), str(tmp_path / "resumed"), task=resumed)["step"] == 6
+  # Not again as state/updated_0, _1 (the model's kernel and bias) and _2 (self.scale).
+  assert _checkpoint_keys(tmp_path / "resumed", 6) == {
+      "tiny/dense/kernel", "tiny/dense/bias", "state/scale"}
+  for expected, actual in zip(straight.saved(), resumed.saved()):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=1e-6, rtol=0)
+  np.testing.assert_allclose(float(resumed.scale.numpy()), 0.9 ** 6, rtol=1e-6)
+
+
 class LazyVariable(NestedModel):
   """A counter created on the first call of train_step."""
 

@@ -112,7 +112,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   _stop_if_signalled(config)
   training = mode in ("train", "train_and_eval")
   if training:
-    config_changes.check(model_dir, config.to_dict())  # a changed seed is no "already finished"
+    task, may_change = task_fields(config, task)
+    # A changed seed is no "already finished".
+    config_changes.check(model_dir, config.to_dict(), may_change)
     if _already_finished(model_dir, config):
       return {**layout.read_summary(model_dir), "already_finished": True}
   # Data before the runtime: bad files fail before TensorFlow starts. (Keras's
@@ -313,6 +315,18 @@ def translate(error: BaseException) -> Exception | None:
   if match and not isinstance(error, input_pipelines.DataError):
     return DataErrorInTfData(match.group(1).strip())
   return None
+
+
+def task_fields(config, task):
+  """(the run's Task, made now if it is given, or `task` as it is; the predicate of the
+  fields of its own config sections that may change on resume, or None): a Task's
+  `run_fixing_fields` is read before a resume's changes are checked."""
+  if task is None and not config.train.task:
+    return task, None  # the built-in step: distloop's own rules
+  from trainer import task as tasks  # pylint: disable=g-import-not-at-top
+  from trainer.task import run_fields  # pylint: disable=g-import-not-at-top
+  task = tasks.create(config, task)
+  return task, run_fields.may_change(task, config.to_dict())
 
 
 def is_parameter_server_task(config) -> bool:

@@ -117,7 +117,7 @@ class Job:
     with native_startup_silenced():  # a plug-in module may import TensorFlow
       validation.check_config(config)
     layout.check_layout(model_dir)
-    config_changes.check(model_dir, config.to_dict())
+    config_changes.check(model_dir, config.to_dict(), api.task_fields(config, None)[1])
     storage_path = os.path.abspath(storage_path or os.path.dirname(model_dir))
     return cls(loop_config={"config": config, "model_dir": model_dir, "mode": mode,
                             "cwd": os.getcwd(), "path": [os.getcwd(), *sys.path]},

@@ -46,6 +46,7 @@ from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
 from trainer.task import epochs
 from trainer.task import preprocess
+from trainer.task import run_fields
 from trainer.task import user_code
 from trainer.task.state import TaskState
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeHung, UserError
@@ -162,7 +163,8 @@ class Trainer:
                                   model_variables=self.state.model_variables,
                                   optimizer_variables=self.state.optimizer_variables,
                                   agreement=self.agreement, is_chief=self.is_chief,
-                                  read_only=read_only, task_name=_task_name(self.task))
+                                  read_only=read_only, task_name=_task_name(self.task),
+                                  may_change=run_fields.may_change(self.task, config.to_dict()))
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)

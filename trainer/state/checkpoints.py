@@ -177,11 +177,12 @@ class Checkpoints:
         meta=ocp.args.JsonSave(meta)))
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
-              *, advice: str | None = None):
+              *, advice: str | None = None, ours: str = "this config", who: str = ""):
     """Returns (model_tree, optimizer_tree, meta) of `step`; no optimizer_target: model only.
 
     Raises UserError if the step was written by another model (checked before
-    anything is read; `advice`, else the manager's, ends its line), StorageError if the storage refuses
+    anything is read; `who`: starts its line; `ours`: names this side; `advice`, else
+    the manager's, ends it), StorageError if the storage refuses
     the read (permission denied, an I/O error: the disk's fault, not the step's),
     CorruptCheckpoint if its content cannot be read (files deleted or truncated).
     """
@@ -193,7 +194,7 @@ class Checkpoints:
       for item, target in targets.items():
         _check_matches(os.path.join(self.directory, str(step), item),
                        getattr(metadata[item], "tree", metadata[item]), target,
-                       advice or self._mismatch_advice)
+                       advice or self._mismatch_advice, ours=ours, who=who)
       restored = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore(),
           **{item: ocp.args.StandardRestore(target) for item, target in targets.items()}))
@@ -336,15 +337,18 @@ def _nbytes(tree: dict) -> int:
   return sum(int(np.asarray(value).nbytes) for value in _flatten(tree).values())
 
 
-def read_model_weights(path: str, model_target: dict, *, partial: bool = False
-                       ) -> tuple[dict, str, list[str]]:
+def read_model_weights(path: str, model_target: dict, *, partial: bool = False,
+                       who: str = "checkpoint.init_from", ours: str = "this config",
+                       advice: str | None = None) -> tuple[dict, str, list[str]]:
   """Model weights from a model_dir, its checkpoints/ or one checkpoints/<step>/ (warm start).
 
   Returns ({key: array} to load, the step directory read, what was skipped). Without
   `partial`, every key and shape must match (a mismatch: UserError naming the first
   and suggesting checkpoint.init_partial). With it, only the variables of
   `model_target` found there with their shape are returned (see `_matching`), the
-  others listed as skipped (a new head); UserError if none matches.
+  others listed as skipped (a new head); UserError if none matches. `who` starts each
+  error (the field or call that asked), `ours` names the side being loaded, `advice`
+  ends a mismatch's line.
   """
   path = os.path.abspath(path)
   if os.path.isdir(layout.checkpoint_dir(path)):  # a model_dir
@@ -357,18 +361,18 @@ def read_model_weights(path: str, model_target: dict, *, partial: bool = False
   try:
     step = step if step is not None else source.latest_step()
     if step is None:
-      raise UserError(f"checkpoint.init_from: no checkpoint in {path}")
+      raise UserError(f"{who}: no checkpoint in {path}")
     where = os.path.join(path, str(step))
     if partial:
       model_tree, skipped = _matching(where, source.restore_model_as_stored(step), model_target)
     else:
       model_tree, _, _ = source.restore(
-          step, model_target, None,
-          advice="to load only the weights whose name and shape match (fine-tuning with a "
-                 "new head), set checkpoint.init_partial=true")
+          step, model_target, None, ours=ours, who=who,
+          advice=advice or "to load only the weights whose name and shape match (fine-"
+                           "tuning with a new head), set checkpoint.init_partial=true")
       model_tree, skipped = _flatten(model_tree), []
   except CorruptCheckpoint as e:
-    raise UserError(f"checkpoint.init_from: cannot read {e}") from None
+    raise UserError(f"{who}: cannot read {e}") from None
   finally:
     source.close()
   return model_tree, where, skipped
@@ -410,21 +414,23 @@ def _matching(where: str, stored: dict, target: dict) -> tuple[dict, list[str]]:
 
 
 def _check_matches(where: str, stored_tree, target: dict,
-                   advice: str = "use another --model_dir") -> None:
-  """UserError unless the stored arrays have the keys and shapes of `target`."""
+                   advice: str = "use another --model_dir", *, ours: str = "this config",
+                   who: str = "") -> None:
+  """UserError unless the stored arrays have the keys and shapes of `target` (`ours`)."""
+  who = f"{who}: " if who else ""
   stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
   wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
   missing = sorted(set(wanted) - set(stored))
   extra = sorted(set(stored) - set(wanted))
   if missing or extra:
-    detail = (f"this config has {missing[0]}, the checkpoint does not" if missing
-              else f"the checkpoint has {extra[0]}, this config does not")
-    raise UserError(f"{where} was written by a different model or optimizer ({detail}); "
+    detail = (f"{ours} has {missing[0]}, the checkpoint does not" if missing
+              else f"the checkpoint has {extra[0]}, {ours} does not")
+    raise UserError(f"{who}{where} was written by a different model or optimizer ({detail}); "
                     f"{advice}")
   for key in sorted(wanted):
     if stored[key] != wanted[key]:
-      raise UserError(f"{where} was written by a different model: {key} has shape "
-                      f"{stored[key]} there, {wanted[key]} in this config; {advice}")
+      raise UserError(f"{who}{where} was written by a different model: {key} has shape "
+                      f"{stored[key]} there, {wanted[key]} in {ours}; {advice}")
 
 
 def _first_line(error: Exception) -> str:

@@ -23,7 +23,10 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
   fixed       model.*, data.* but dir and pad_to, runtime.seed (the data order, and synthetic data),
               runtime.mixed_precision (float16 keeps a loss scale in the optimizer
               state), train.loss (and loss_weights), train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
-              user's config adds
+              user's config adds - unless the Task declares which of its own
+              section's fields fix the run (`Task.run_fixing_fields`,
+              trainer/task/run_fields.py): that section's other fields may change,
+              each change logged (`may_change` below)
 
 The checkpoint is the record, config.json only a copy: each step's meta holds
 the run's identity (`identity`: the fixed fields, the Task's class, the key set
@@ -73,8 +76,9 @@ def is_fixed(field: str) -> bool:
                                     and field.split(".", 1)[0] not in _MUTABLE_SECTIONS)
 
 
-def check(model_dir: str, config_dict: dict) -> None:
-  """UserError if model_dir holds a checkpoint of a run whose fixed fields differ."""
+def check(model_dir: str, config_dict: dict, may_change=None) -> None:
+  """UserError if model_dir holds a checkpoint of a run whose fixed fields differ.
+  `may_change(field)`: True for a field the Task lets change on resume (logged)."""
   if not _steps(model_dir):
     return  # nothing to resume: a fresh start (or a start over) in this model_dir
   recorded, where = _recorded(model_dir)
@@ -85,6 +89,10 @@ def check(model_dir: str, config_dict: dict) -> None:
   for field, before in sorted(recorded.items()):
     after = new.get(field, _MISSING)
     if after == before:
+      continue
+    if may_change is not None and may_change(field):
+      logging.info("%s=%r on resume (it was %r, %s): the Task lets it change", field, after,
+                   before, where)
       continue
     if field in _WARNED_FIELDS:
       logging.warning("%s=%r, but %s was trained with %s=%r (%s): resuming on the data at the "
@@ -161,7 +169,7 @@ def structure(keyed_shapes: dict) -> dict:
 
 
 def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
-               keyed_shapes: dict, *, training: bool) -> None:
+               keyed_shapes: dict, *, training: bool, may_change=None) -> None:
   """UserError (nothing moved: a step of another run is no corrupt step) unless the
   checkpoint step whose meta is `meta` (at `where`) belongs to this run: the same
   fixed fields (data.dir may move; eval and export may read another eval split), the
@@ -177,6 +185,7 @@ def check_step(meta: dict, where: str, config_dict: dict, task_name: str,
   for field, before in sorted(fixed.items()):
     after = new.get(field, _MISSING)
     if (after == before or field in _WARNED_FIELDS or not is_fixed(field)
+        or (may_change is not None and may_change(field))
         or (not training and field in _EVAL_SPLIT_FIELDS)):
       continue
     now = f"{field}={after!r}" if after is not _MISSING else f"no {field}"

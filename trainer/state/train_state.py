@@ -61,9 +61,10 @@ class TrainState:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str, *,
                model_variables: dict, optimizer_variables: dict, agreement: Agreement,
-               is_chief: bool, read_only: bool, task_name: str = ""):
+               is_chief: bool, read_only: bool, task_name: str = "", may_change=None):
     self._config = config
     self._task_name = task_name  # 'module:Class' of the Task: part of each step's identity
+    self._may_change = may_change  # the Task's own fields that do not fix the run
     self._model_variables = model_variables
     self._optimizer_variables = optimizer_variables
     self._agreement = agreement
@@ -177,7 +178,7 @@ class TrainState:
     # A step of another run (copied in, or config.json edited): refused, never set aside.
     config_changes.check_step(meta, os.path.join(self.checkpoints.directory, str(step)),
                               self._config.to_dict(), self._task_name, self._keyed_shapes(),
-                              training=not self._read_only)
+                              training=not self._read_only, may_change=self._may_change)
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     self.action_state = copy.deepcopy(meta.get("actions", {}))

@@ -11,7 +11,8 @@ an update) and loss scaling, losses, metrics, heads (a multi-output model's loss
 weight and metrics per output) and probabilities, the data's
 preprocess, plug-in resolution (plugins.py), a task's own failures as one line
 (user_code.py), the model checks (compatibility.py), the start-up checks of a
-config (validation.py, no TensorFlow) and the one list of built-in names
+config (validation.py, no TensorFlow), which of a Task's own config fields may change
+on resume (run_fields.py) and the one list of built-in names
 (names.py).
 
 The contract's names are imported on first use, so that the start-up checks

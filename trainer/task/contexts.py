@@ -4,7 +4,8 @@ The StepContext is where distloop keeps its guarantees inside a user's step:
 the loss is divided by the global batch (`replica_loss`), each gradient is
 all-reduced once and applied in a cross-replica context (`apply_gradients`,
 `minimize`), float16 losses are scaled per optimizer, and the step's randomness
-is a stateless function of (runtime.seed, step) (`normal`, `uniform`, `seed`).
+is a stateless function of (runtime.seed, step) (`normal`, `uniform`, `example_seeds`,
+`seed`), and `all_gather` joins the replicas' shares of the global batch in order.
 """
 import tensorflow as tf
 
@@ -41,7 +42,12 @@ class BuildContext:
     from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
     from trainer.task import keys  # pylint: disable=g-import-not-at-top
     variables = keys.model_variables(keys.model_names([model]))
-    loaded, _, _ = checkpoints.read_model_weights(path, checkpoints.variables_tree(variables))
+    # Its errors name this call, not checkpoint.init_from (a field the user never set).
+    loaded, _, _ = checkpoints.read_model_weights(
+        path, checkpoints.variables_tree(variables),
+        who=f"load_weights({model.name!r}, {path!r})", ours=f"model {model.name!r}",
+        advice=f"pass load_weights a model built as the one that wrote {path} (the same "
+               f"layers, names and shapes)")
     checkpoints.assign_tree(variables, loaded)
 
 
@@ -128,11 +134,35 @@ class StepContext:
     return self.apply_gradients(optimizer, self.gradients(optimizer, tape, loss, variables),
                                 variables, name=name)
 
+  # -- across replicas ---------------------------------------------------------------
+
+  def all_gather(self, value, axis: int = 0):
+    """`value` of every replica, concatenated along `axis` in replica order: with
+    axis=0 a per-example value of the whole global batch, in the global batch's order,
+    the same for any replica count (a contrastive loss's global negatives). Gradients
+    flow back to this replica's share."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+      return tf.convert_to_tensor(value)
+    return context.all_gather(value, axis)
+
   # -- randomness that a resumed run draws again ------------------------------------
 
+  def example_seeds(self, salt: int = 0):
+    """One stateless seed per example ([this replica's examples, 2] int64), a function of
+    (runtime.seed, salt, step, the example's place in the global batch): an example's
+    augmentation is the same for 1, 2 or 3 replicas and in a resumed run. Map it over
+    the examples with their seed, e.g. tf.map_fn over (images, seeds) with
+    tf.image.stateless_random_flip_left_right(image, seed)."""
+    return self._rows(tf.random.stateless_uniform(
+        [self.global_batch_size, 2], self._step_seed(salt), minval=None, maxval=None,
+        dtype=tf.int64))
+
   def seed(self, salt: int = 0):
-    """A stateless seed ([2] int32) of (runtime.seed, salt, step, replica): for
-    tf.random.stateless_* ops whose numbers may differ between replicas."""
+    """A stateless seed ([2] int64) of (runtime.seed, salt, step, replica): one per replica
+    and step, for tf.random.stateless_* ops drawn over a replica's whole share. Its
+    numbers change with the replica count (replica 0 of 2 holds other examples than
+    replica 0 of 1): `normal`, `uniform` and `example_seeds` do not."""
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     return tf.random.experimental.stateless_fold_in(self._step_seed(salt), replica)
 

@@ -64,7 +64,16 @@ class Export:
 
 
 class Task:
-  """Subclass it; see the module docstring. `context.config` is the run's config."""
+  """Subclass it; see the module docstring. `context.config` is the run's config.
+
+  `run_fixing_fields`: which fields of the Task's own config sections (sections a
+  user's config adds, e.g. `gan`) fix the run, {section: (field, ...)}: a resume
+  refuses a change to those, and lets the section's other fields change (its own
+  optimizer's learning rate, a loss weight), logging each change. None (the default):
+  every field of every added section fixes the run (trainer/task/run_fields.py).
+  """
+
+  run_fixing_fields: dict | None = None
 
   def build(self, context) -> None:
     raise NotImplementedError("a Task builds its models and optimizers in build()")

@@ -37,7 +37,8 @@ def held(named: dict) -> dict:
   What a task held before layers, generators and deeper containers were walked (models,
   optimizers and variables at most one container deep) comes first, in attribute order,
   so that the checkpoint keys of those stay as they were. An object held twice is
-  named where first found (a variable is keyed at each place, as before).
+  named where first found (a variable at each place: TaskState saves it once, where a
+  model, layer or optimizer saves it, else where first held).
   """
   found = []  # (name, value, depth)
 
@@ -98,7 +99,13 @@ class TaskState:
         raise UserError(f"{self._task_name}'s optimizer {optimizer.name!r} is not built: "
                         f"call optimizer.build(variables) in build()")
     self.models = keys.model_names(models)
-    self.optimizers = keys.optimizer_names(optimizers)
+    self.optimizers = keys.optimizer_names(optimizers)  # checkpoint keys: kept as they were
+    # What logs call each optimizer: where the task holds it (`generator_optimizer`), the
+    # same in every process (Keras numbers automatic names per process: adam, adam_1).
+    attributes = {id(value): name for name, value in found.items()
+                  if isinstance(value, keras.optimizers.Optimizer)}
+    self.optimizer_labels = {name: attributes[id(optimizer)]
+                             for name, optimizer in self.optimizers.items()}
     for name, optimizer in self.optimizers.items():  # a Task's own ones too
       optimizer_rules.check_supported(optimizer, f"{self._task_name}'s optimizer {name!r}")
     # float16: one dynamic loss scale per optimizer (its updates skip on overflow alone).
@@ -106,7 +113,9 @@ class TaskState:
                         for optimizer in optimizers}
     model_keys = keys.model_variables(self.models)
     model_keys = keys.merged(model_keys, keys.layer_variables(layers, keyed=model_keys))
-    self.model_variables = keys.merged(model_keys, keys.extra_variables(extra))
+    self.model_variables = keys.merged(model_keys, keys.extra_variables(
+        _not_saved_yet(extra, [*model_keys.values(),
+                               *(v for o in optimizers for v in o.variables)])))
     self.optimizer_variables = keys.optimizer_variables(self.optimizers, model_keys)
     for name, optimizer in self.optimizers.items():
       scale = self.loss_scales[id(optimizer)]
@@ -164,7 +173,8 @@ class TaskState:
                    f"{frozen:,} not)")
     for name, optimizer in self.optimizers.items():
       updated = getattr(optimizer, "_trainable_variables", [])
-      lines.append(f"optimizer {name}: {optimizer_rules.describe(optimizer, updated)}")
+      label = self.optimizer_labels[name] if len(self.optimizers) > 1 else name
+      lines.append(f"optimizer {label}: {optimizer_rules.describe(optimizer, updated)}")
     return lines
 
   def averaged_weights(self):
@@ -172,12 +182,29 @@ class TaskState:
     return optimizer_rules.averaged_weights(list(self.optimizers.values()))
 
   def learning_rates(self) -> dict:
-    """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer."""
+    """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer,
+    `learning_rate_<where the task holds it>`."""
     if len(self.optimizers) == 1:
       (optimizer,) = self.optimizers.values()
       return {"learning_rate": float(optimizer.learning_rate.numpy())}
-    return {f"learning_rate_{name}": float(optimizer.learning_rate.numpy())
+    return {f"learning_rate_{self.optimizer_labels[name]}": float(optimizer.learning_rate.numpy())
             for name, optimizer in self.optimizers.items()}
+
+
+def _not_saved_yet(extra: dict, saved: list) -> dict:
+  """The task's own variables ({name: variable}) that no model, layer or optimizer saves
+  already, each once (where first held): a list of a model's variables held as an
+  attribute (`self.trainables = model.trainable_variables`) is saved as the model's."""
+  seen = set()
+  for variable in saved:
+    seen.update(_identities(variable))
+  kept = {}
+  for name, variable in extra.items():
+    identities = _identities(variable)
+    if not seen.intersection(identities):
+      kept[name] = variable
+    seen.update(identities)
+  return kept
 
 
 def _identities(variable) -> set:
