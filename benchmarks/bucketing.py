@@ -45,8 +45,7 @@ def _examples_per_sec(model: str, window: int, steps: int) -> float:
     _, stderr, code, _ = throughput._run_child(command, "onednn")  # pylint: disable=protected-access
     if code != 0:
       raise throughput._failure(command, code, stderr)  # pylint: disable=protected-access
-    boundaries = throughput._loop_boundaries(  # pylint: disable=protected-access
-        os.path.join(model_dir, "tensorboard", "train"))
+    boundaries = throughput.loop_boundaries(stderr)
   (first_step, first_time), (last_step, last_time) = boundaries[0], boundaries[-1]
   return (last_step - first_step) * _BATCH / (last_time - first_time)
 

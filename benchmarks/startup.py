@@ -14,7 +14,6 @@ from just before the process starts:
 Prints the medians, the ranges and the paired ratios distloop / plain Keras. Start-up
 is mostly CPU-bound Python and TensorFlow's C++ start: keep the machine quiet.
 """
-import datetime
 import os
 import random
 import re
@@ -27,9 +26,10 @@ import time
 from absl import app
 from absl import flags
 
+from benchmarks import throughput
+
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "alternating pairs of fresh processes")
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_PROGRESS_STEP_1 = re.compile(r"^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*progress\.py.*\] step 1/", re.M)
 
 
 def _plain_keras() -> tuple[float, float]:
@@ -48,10 +48,8 @@ def _distloop() -> tuple[float, float]:
                           "--config.train.steps=1", f"--model_dir={model_dir}/run"],
                          capture_output=True, text=True, check=True).stderr
     end = time.time()
-  month_day, clock = _PROGRESS_STEP_1.search(err).groups()
-  year = datetime.datetime.now().year
-  first = datetime.datetime.strptime(f"{year}{month_day} {clock}", "%Y%m%d %H:%M:%S.%f")
-  return first.timestamp() - start, end - start
+  (_, first_step_done), = throughput.loop_boundaries(err, at_least=1)
+  return first_step_done - start, end - start
 
 
 def _line(label: str, values: list[float]) -> str:

@@ -20,8 +20,8 @@ How it stays fair:
   machine hits all alike; tables show the median of --repeats, with the range
   (ratios: the median ones' ratio, with the range of the rounds' paired ratios).
 - Steady state for all. distloop: the wall clock between its first and
-  last loop boundary (the timestamps of the `loss` events it writes to
-  TensorBoard at every boundary), so the first, tracing loop is left out but all
+  last loop boundary (the time stamps of the progress lines it logs at every
+  boundary), so the first, tracing loop is left out but all
   the work between loops (metrics read, logs, summaries, checkpoints) is in.
   summary.json's `examples_per_sec` times only the compiled loops; it is shown
   beside it. fit: the same window, from its first to its last execution's end
@@ -41,7 +41,7 @@ How it stays fair:
 Keep the machine quiet while it runs: the report says how much CPU other
 processes took meanwhile, so a noisy run shows.
 """
-import glob
+import datetime
 import importlib.metadata
 import json
 import math
@@ -49,7 +49,6 @@ import os
 import platform
 import re
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -172,7 +171,7 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
       raise _failure(command, code, stderr)
     with open(os.path.join(model_dir, "summary.json")) as f:
       summary = json.load(f)
-    boundaries = _loop_boundaries(os.path.join(model_dir, "tensorboard", "train"))
+    boundaries = loop_boundaries(stderr)
   (first_step, first_time), (last_step, last_time) = boundaries[0], boundaries[-1]
   if last_step <= first_step:
     raise SystemExit(f"{steps} steps make a single loop of {_STEPS_PER_LOOP.value}: "
@@ -185,26 +184,23 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
           "peak_rss_mb": peak_rss_mb}
 
 
-def _loop_boundaries(event_dir: str) -> list[tuple[int, float]]:
-  """(step, wall time) of every `loss` event: one per loop boundary, written right
-  after the boundary's host sync.
-
-  Reads the TFRecord framing by hand (length, crc, data, crc) and parses with
-  TensorBoard's own Event proto, so this process never imports TensorFlow.
-  """
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+def loop_boundaries(stderr: str, at_least: int = 2) -> list[tuple[int, float]]:
+  """(step, unix time) of every loop boundary: the time stamps of the progress lines
+  (`step N/TOTAL | ...`, one INFO line per boundary when stderr is not a terminal), logged
+  right after the boundary's host sync. (TensorBoard's event times are the times its
+  scalars were written: kept and written together, once a second at most.)"""
+  year = datetime.datetime.now().year
   points = []
-  for path in sorted(glob.glob(os.path.join(event_dir, "events.out.tfevents.*"))):
-    with open(path, "rb") as f:
-      while len(header := f.read(12)) == 12:
-        (length,) = struct.unpack("<Q", header[:8])
-        event = event_pb2.Event.FromString(f.read(length))
-        f.read(4)  # the data's crc
-        if any(value.tag == "loss" for value in event.summary.value):
-          points.append((event.step, event.wall_time))
-  if len(points) < 2:
-    raise SystemExit(f"fewer than 2 loop boundaries logged in {event_dir}; use more --steps")
-  return sorted(points)
+  for month_day, clock, step in _PROGRESS_LINE.findall(stderr):
+    when = datetime.datetime.strptime(f"{year}{month_day} {clock}", "%Y%m%d %H:%M:%S.%f")
+    points.append((int(step), when.timestamp()))
+  if len(points) < at_least:
+    raise SystemExit(f"fewer than {at_least} loop boundaries logged; use more --steps")
+  return points
+
+
+_PROGRESS_LINE = re.compile(r"^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*progress\.py:\d+\] step (\d+)/",
+                            re.M)
 
 
 # -- orbit's environment -------------------------------------------------------

@@ -20,8 +20,11 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from trainer.state import model_dir as layout
 
 _SAMPLE_IMAGES = 8
+# What tf.summary.scalar attaches: TensorBoard's Scalars tab shows the value.
+_SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _SECONDS_BETWEEN_WRITES = 1.0  # kept scalars are written at least this often
 _MOST_ROWS_KEPT = 500
+_ROWS_WRITTEN_EAGERLY = 2  # fewer rows than a trace of the compiled writer costs (~0.15 s)
 
 
 class Summaries:
@@ -54,6 +57,13 @@ class Summaries:
     dispatch per tag) cost more than the rest of a boundary together, and a call per row
     still about as much as a tiny model's 50 steps."""
     for (split, tags), rows in self._kept.items():
+      if len(rows) <= _ROWS_WRITTEN_EAGERLY and (split, tags) not in self._scalar_writers:
+        with self._writer(split).as_default():  # a short run's only rows, an eval's
+          for step, row in rows:
+            for tag, value in zip(tags, row):
+              tf.summary.write(tag=tag, tensor=tf.constant(value, tf.float32), step=step,
+                               metadata=_SCALAR_METADATA)
+        continue
       self._scalar_writer(split, tags)(
           tf.constant([step for step, _ in rows], tf.int64),
           tf.constant([row for _, row in rows], tf.float32))
@@ -65,7 +75,6 @@ class Summaries:
     write = self._scalar_writers.get((split, tags))
     if write is None:
       writer = self._writer(split)
-      metadata = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 
       @tf.function(autograph=False, input_signature=[
           tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(tags)], tf.float32)])
@@ -73,7 +82,8 @@ class Summaries:
         def write_row(i):
           with writer.as_default():  # tf.summary.write: the tags as given, no "while/" scope
             for j, tag in enumerate(tags):
-              tf.summary.write(tag=tag, tensor=rows[i, j], step=steps[i], metadata=metadata)
+              tf.summary.write(tag=tag, tensor=rows[i, j], step=steps[i],
+                               metadata=_SCALAR_METADATA)
           return (i + 1,)
         tf.while_loop(lambda i: i < tf.shape(steps)[0], write_row, (tf.constant(0),))
       self._scalar_writers[split, tags] = write
