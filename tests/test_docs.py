@@ -25,6 +25,7 @@ OTHER_TOOLS_FLAGS = {
     "logdir",                           # tensorboard --logdir
     "ntasks", "signal", "requeue",      # Slurm's srun / sbatch
     "backend",                          # mlflow server --backend-store-uri
+    "dist",                             # pytest-xdist's --dist loadgroup
 }
 # absl's own flags, accepted by every absl command (absl.logging and absl.app).
 ABSL_FLAGS = {"verbosity", "v", "logtostderr", "alsologtostderr", "log_dir", "help",

@@ -12,6 +12,7 @@ def test_multi_process_tests_skip_with_a_reason_when_unshare_and_ip_are_missing(
   no_tools = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # python, no unshare/ip
   completed = subprocess.run(
       [sys.executable, "-m", "pytest", "tests/test_multi_worker.py", "-p", "no:cacheprovider",
+       "-n", "0",  # in this process: no pytest-xdist workers to start (each imports TensorFlow)
        "-m", "slow or not slow",  # the file is marked slow: select it whatever the default
        "-k", "two_workers_reach or slurm_environment"],
       cwd=REPO, env=no_tools, capture_output=True, text=True, timeout=300)

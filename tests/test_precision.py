@@ -26,16 +26,21 @@ def test_trains_to_the_default_accuracy(tmp_path, flags):
 def test_float16_skips_overflowing_steps_on_every_replica_and_checkpoints_its_scale(tmp_path):
   """tests/faults.py's large_loss makes float16 gradients overflow at the initial scale
   (2**15): each overflowing step is skipped (no update: the optimizer's step count stays)
-  and halves the scale, on both replicas alike, and training still learns."""
-  flags = [*_FLAGS, "--config.runtime.mixed_precision=float16",
+  and halves the scale, on both replicas alike, and training still learns. float16 runs
+  ~0.6 s a step on these CPUs (no float16 kernels): 60 steps (0.91 eval accuracy, chance
+  0.1), a 500-example eval."""
+  steps = 60
+  flags = ["--config=synthetic", f"--config.train.steps={steps}",
+           "--config.data.num_train_examples=4000", "--config.data.num_eval_examples=500",
+           "--config.runtime.mixed_precision=float16",
            "--config.train.loss=tests.faults:large_loss"]
   summary = train_ok(tmp_path, *flags, "--config.runtime.strategy=mirrored",
                      "--config.runtime.num_cpu_devices=2")
-  assert summary["eval_accuracy"] >= 0.95
-  arrays = checkpoint_arrays(tmp_path, 200)
+  assert summary["eval_accuracy"] >= 0.8
+  arrays = checkpoint_arrays(tmp_path, steps)
   halvings = math.log2(2.0 ** 15 / float(arrays["optimizer/loss_scale/adam/scale"]))
-  assert halvings >= 1 and halvings.is_integer()  # no growth: 200 steps < growth_interval
-  assert int(arrays["optimizer/adam/iteration"]) == 200 - halvings  # skipped, not applied
+  assert halvings >= 1 and halvings.is_integer()  # no growth: 60 steps < growth_interval
+  assert int(arrays["optimizer/adam/iteration"]) == steps - halvings  # skipped, not applied
   assert arrays["model/mnist_cnn/conv/kernel"].dtype.name == "float32"  # float32 variables
   # Had one replica applied an overflowing step, its copy of the weights would be Inf/NaN
   # or differ: the run's eval (both copies) equals one replica's eval of the checkpoint.
