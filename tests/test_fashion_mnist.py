@@ -1,4 +1,5 @@
 """The seed CNN on real Fashion-MNIST (Debian's dataset-fashion-mnist) through the CLI."""
+import csv
 import json
 
 import pytest
@@ -43,3 +44,19 @@ print(json.dumps({{'accuracy': float((probabilities.argmax(-1) == labels).mean()
 """
   exported = json.loads(run_python(code).strip().splitlines()[-1])["accuracy"]
   assert abs(exported - summary["eval_accuracy"]) <= 0.005
+
+
+def test_the_keras_tutorials_five_epochs_are_five_epochs(tmp_path):
+  """The Keras classification tutorial's `epochs=5` at batch 32, as `train.epochs=5`:
+  9,375 steps (5 x 60,000 / 32), the epoch reported as 5.00 at the end (metrics.csv),
+  and the tutorial's accuracy."""
+  summary = train_ok(tmp_path, "--config=mnist_cnn", "--config.model.name=mlp",
+                     "--config.data.name=fashion_mnist", f"--config.data.dir={FASHION_MNIST_DIR}",
+                     "--config.train.epochs=5", "--config.train.global_batch_size=32",
+                     "--config.train.steps_per_loop=625")
+  assert summary["step"] == 9375
+  with open(tmp_path / "metrics.csv", newline="") as f:
+    epochs = {int(row["step"]): float(row["value"]) for row in csv.DictReader(f)
+              if row["split"] == "train" and row["name"] == "epoch"}
+  assert epochs[9375] == 5.0 and epochs[1875] == 1.0
+  assert summary["eval_accuracy"] >= 0.85

@@ -15,6 +15,7 @@ import pytest
 
 import configs
 import trainer
+from tests import plain_step
 from tests.cli import REPO, train_ok, user_environment
 from tests.processes import assert_same_state, checkpoint_arrays
 from trainer.errors import UserError
@@ -108,13 +109,7 @@ class _Small(trainer.Task):
     self.optimizer = context.optimizer(self.model.trainable_variables)
 
   def train_step(self, batch, step):
-    features, labels = batch
-    with tf.GradientTape() as tape:
-      per_example = keras.losses.sparse_categorical_crossentropy(
-          labels, self.model(features), from_logits=True)
-      loss = step.replica_loss(per_example)
-    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
-    return {"loss": per_example}
+    return plain_step.cross_entropy_step(self.model, self.optimizer, batch, step)
 
 
 class _Student(_Small):
