@@ -180,6 +180,9 @@ CATALOGUE = [
               "--config.train.task=tests.guarantees.workloads:LayerAndGenerator", *SGD),
              not_applicable={"replicas_agree": _GENERATOR_REPLICAS}),
     # Decoupled weight decay, a moving average served by eval and export, 2 micro-batches.
+    # step.all_gather (global negatives) and step.example_seeds (per-example augmentation)
+    Workload("contrastive", ("--config=synthetic",
+                             "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD)),
     Workload("adamw_ema_accumulation",
              ("--config=synthetic", "--config.model.conv_filters=6",
               "--config.model.dense_units=16", "--config.train.optimizer=adamw",
