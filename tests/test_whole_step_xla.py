@@ -1,15 +1,19 @@
 """runtime.jit_compile: the whole step under XLA keeps the guarantees.
 
-One replica compiles forward, backward and update as one cluster; several
-compile the update per device around the one all-reduce. Both must train the
+One replica of the default or one_device strategy compiles forward, backward and
+update as one cluster; MirroredStrategy and several replicas compile the update
+per device around the one all-reduce. Both must train the
 weights of the plain path, with plain SGD (whose update scales with the
 gradient, so a double reduction would show), on 1 and 2 replicas. Each
 configuration in its own process.
 """
+import json
+from unittest import mock
+
 import ml_collections
 import pytest
 
-from tests.cli import run_trainer, train_ok
+from tests.cli import run_python, run_trainer, train_ok
 from tests.processes import assert_same_state, checkpoint_arrays
 
 _SGD = ["--config=synthetic", "--config.train.optimizer=sgd",
@@ -29,11 +33,16 @@ def plain_one_replica(tmp_path_factory):
   return _model_weights(model_dir)
 
 
-@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_xla_step_trains_the_weights_of_the_plain_step(plain_one_replica, tmp_path, replicas):
+@pytest.mark.parametrize("strategy,replicas", [
+    ("default", 1),  # the whole step, update included, one XLA cluster
+    ("mirrored", 1),  # the update compiled apart, as on several replicas
+    pytest.param("mirrored", 2, marks=pytest.mark.slow)])
+def test_xla_step_trains_the_weights_of_the_plain_step(plain_one_replica, tmp_path, strategy,
+                                                       replicas):
   summary = train_ok(tmp_path, *_SGD, "--config.runtime.jit_compile=true",
+                     f"--config.runtime.strategy={strategy}",
                      f"--config.runtime.num_cpu_devices={replicas}")
-  assert summary["num_replicas"] == replicas
+  assert (summary["strategy"], summary["num_replicas"]) == (strategy, replicas)
   # XLA fuses and reorders float math (and runs without deterministic kernels here): the
   # weights agree to ~1e-5; a gradient counted twice would be off by 1e-2 or more.
   assert_same_state(_model_weights(tmp_path), plain_one_replica, atol=1e-4)
@@ -62,3 +71,43 @@ def test_xla_with_deterministic_kernels_is_refused_in_one_line_when_xla_has_none
   errors = [line for line in result.error_lines() if line.startswith("distloop: error:")]
   assert len(errors) == 1 and "MaxPool" in errors[0] and "Traceback" not in result.stderr
   assert "set one of them to false" in result.stderr
+
+
+def test_one_gpu_under_mirrored_trains_with_xla(tmp_path):
+  """Seen on an H100: MirroredStrategy over one GPU refused the update's merge_call inside
+  the whole-step XLA cluster (RuntimeError, every run of runtime.strategy=mirrored there).
+  Here its two GPU checks are told every CPU device is a GPU, in a process of its own."""
+  summary = run_python(f"""
+from tensorflow.python.distribute import mirrored_run, mirrored_strategy
+mirrored_strategy._is_gpu_device = mirrored_run._is_gpu_device = lambda device: True
+import json, configs, trainer
+config = configs.get("synthetic")
+config.unlock()
+config.train.steps, config.train.steps_per_loop = 4, 2
+config.data.num_train_examples, config.data.num_eval_examples = 256, 128
+config.runtime.strategy, config.runtime.num_cpu_devices = "mirrored", 1
+config.runtime.jit_compile = "true"
+print(json.dumps(trainer.run(config, {str(tmp_path)!r})))
+""")
+  assert json.loads(summary.splitlines()[-1])["step"] == 4
+
+
+@pytest.mark.parametrize("name", ["parameter_server", "central_storage"])
+def test_where_variables_live_off_the_compute_device_auto_is_off_and_true_refused(
+    monkeypatch, name):
+  """Seen on an H100: under auto the steps compiled with XLA, which cannot read a variable
+  kept on another device (a parameter server; the CPU under central_storage): every step
+  failed. auto is off there, and true is refused in one line."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from trainer.cluster import runtime  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(runtime, "has_accelerator", lambda strategy: True)
+  kind = {"parameter_server": tf.distribute.experimental.ParameterServerStrategy,
+          "central_storage": tf.distribute.experimental.CentralStorageStrategy}[name]
+  strategy = mock.create_autospec(kind, instance=True)
+  assert runtime.jit_compile(_runtime_config(), tf.distribute.get_strategy()) is True  # a GPU
+  assert runtime.jit_compile(_runtime_config(), strategy) is False
+  assert runtime.jit_compile(_runtime_config(jit_compile="false"), strategy) is False
+  with pytest.raises(UserError, match=rf"^runtime.jit_compile=true cannot run under the "
+                     rf"{name} strategy: .*; set runtime.jit_compile=auto or false$"):
+    runtime.jit_compile(_runtime_config(jit_compile="true"), strategy)

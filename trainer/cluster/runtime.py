@@ -231,12 +231,28 @@ def threads_per_op() -> int:
   return tf.config.threading.get_intra_op_parallelism_threads()
 
 
+_VARIABLES_OFF_THE_COMPUTE_DEVICE = (
+    (tf.distribute.experimental.ParameterServerStrategy, "parameter_server"),
+    (tf.distribute.experimental.CentralStorageStrategy, "central_storage"))
+
+
 def jit_compile(runtime_config: ml_collections.ConfigDict,
                 strategy: tf.distribute.Strategy) -> bool:
   """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:
   several times faster on a GPU at small batch, slower for the seed CNN on a CPU)."""
+  # Seen on an H100: an XLA cluster on the compute device cannot read a variable that
+  # lives elsewhere ("Trying to access resource ... located in device ..."): on a
+  # parameter server, or on the CPU under central_storage.
+  remote_variables = next((name for kind, name in _VARIABLES_OFF_THE_COMPUTE_DEVICE
+                           if isinstance(strategy, kind)), None)
+  if runtime_config.jit_compile == "true" and remote_variables:
+    raise UserError(f"runtime.jit_compile=true cannot run under the {remote_variables} "
+                    "strategy: XLA on the compute device cannot reach variables kept on "
+                    "another device; set runtime.jit_compile=auto or false")
   if runtime_config.jit_compile != "auto":
     return runtime_config.jit_compile == "true"
+  if remote_variables:
+    return False
   # XLA on a GPU has no deterministic kernels for some gradients (MaxPool's, TF 2.21):
   # there runtime.deterministic wins.
   return has_accelerator(strategy) and (isinstance(strategy, tf.distribute.TPUStrategy)
@@ -288,6 +304,17 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
   jobs = (("worker",) if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
           else ("chief", "worker"))
   return max(1, sum(len(cluster.get(job, [])) for job in jobs))
+
+
+def fuses_whole_step(strategy: tf.distribute.Strategy, jit_compile: bool) -> bool:
+  """Whether one XLA cluster can hold the whole step, optimizer update included: one
+  replica of the default or one_device strategy. MirroredStrategy refuses the update's
+  merge_call inside an XLA function on GPUs (seen on an H100, even with one GPU), and a
+  parameter server's variables are out of XLA's reach."""
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  default = type(distribute_lib._get_default_strategy())  # pylint: disable=protected-access
+  return (jit_compile and strategy.num_replicas_in_sync == 1
+          and isinstance(strategy, (tf.distribute.OneDeviceStrategy, default)))
 
 
 def coordinator(strategy: tf.distribute.Strategy):

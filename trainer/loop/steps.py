@@ -7,10 +7,11 @@ as a value of the compiled loop, and they are reduced once, when the loop ends, 
 the loop boundary pays one host sync and the step writes nothing but the task's
 state.
 
-With `jit_compile` on a single replica the whole step (the task's forward,
-backward and update) is one XLA cluster; on several replicas the optimizer
-updates are compiled per device around the one explicit all-reduce (XLA cannot
-compile a merge_call), and a task may compile its own pieces (the built-in
+With `jit_compile` on a single replica of the default or one_device strategy the
+whole step (the task's forward, backward and update) is one XLA cluster; elsewhere
+(several replicas, or MirroredStrategy, which refuses a merge_call inside XLA on a
+GPU even with one) the optimizer updates are compiled per device around the one
+explicit all-reduce, and a task may compile its own pieces (the built-in
 supervised task compiles its forward and backward).
 
 A variable a replica assigns on its own (Keras 3's BatchNormalization moving
