@@ -178,11 +178,13 @@ class Trainer:
     if self.coordinator:
       self._train_loop = steps.make_parameter_server_train_loop(
           self.coordinator, replica_step, self._train_sums, self.state.all_variables(),
-          num_workers=runtime.num_workers(strategy))
+          num_workers=runtime.num_workers(strategy),
+          learning_rates=self.state.learning_rate_vector)
     else:
       self._train_loop = steps.make_train_loop(strategy, replica_step, self._train_sums,
                                                self.state.all_variables(),
-                                               self.state.model_variables.values())
+                                               self.state.model_variables.values(),
+                                               learning_rates=self.state.learning_rate_vector)
     self._eval_pass = None  # built on first use: the eval data is distributed once
     self._clock = clock
     self._schedule = actions_module.Schedule(self._user_actions, config.train.steps)
@@ -190,6 +192,7 @@ class Trainer:
     self._evaluated_at = None  # the step of the latest eval
     self._eval_metrics = None
     self._last_loop = (0, 0.0)  # (steps, seconds) of the latest loop
+    self._learning_rates = {}  # the next step's rates, read with the latest loop's sums
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
@@ -257,8 +260,8 @@ class Trainer:
               else contextlib.nullcontext()), user_code.running(
                   f"{type(self.task).__name__}.train_step",
                   f"in steps {position.step + 1}..{position.step + num_steps}"):
-          state_finite, totals = self._train_loop(batches, tf.constant(num_steps),
-                                                  tf.constant(position.step, tf.int64))
+          state_finite, totals, learning_rates = self._train_loop(
+              batches, tf.constant(num_steps), tf.constant(position.step, tf.int64))
         record_graph = False
         train_metrics = self._train_sums.result(totals)  # host sync: the n steps
         loop_seconds = time.perf_counter() - loop_start
@@ -272,6 +275,7 @@ class Trainer:
         position = reached
         self._throughput.add(num_steps * batch_size, loop_seconds)
         self._last_loop = (num_steps, loop_seconds)
+        self._learning_rates = self.state.learning_rates(learning_rates)  # the next step's
 
         # One collective: a signal on any worker stops them all; the chief's clock says
         # which clocked actions are due (clocks differ between machines).
@@ -315,6 +319,7 @@ class Trainer:
       layout.write_json(layout.summary_path(self.model_dir), summary)
       layout.write_finished(self.model_dir, position.step, total, stopped_by=self._stopped_by)
     self.summaries.close()
+    self.metrics_log.close()
     return summary
 
   # -- the loop boundary: actions ---------------------------------------------------
@@ -527,7 +532,7 @@ class Trainer:
     step, metrics = boundary.step, boundary.train
     num_steps, loop_seconds = self._last_loop
     examples_per_sec = num_steps * self.config.train.global_batch_size / loop_seconds
-    learning_rates = self.state.learning_rates()  # the rates of the next step
+    learning_rates = self._learning_rates
     epoch = epochs.epoch(self._position.examples, self._epoch_size)
     reported = {
         **({"epoch": epoch} if epoch is not None else {}),
@@ -637,6 +642,7 @@ class Trainer:
   def close(self) -> None:
     self.train_state.close()
     self.summaries.close()
+    self.metrics_log.close()
 
 
 TEARDOWNS = []  # threads dropping training iterators (see _dropped_off_the_main_thread)

@@ -22,11 +22,14 @@ class MetricsLog:
   def __init__(self, model_dir: str, *, enabled: bool):
     self.path = layout.metrics_csv_path(model_dir)
     self._enabled = enabled
+    self._file = None  # open for appending while the run writes (flushed every write)
+    self._writer = None
 
   def restart_at(self, step: int) -> None:
     """Keeps the rows up to `step` (the restored one); nothing to do for a fresh start."""
     if not self._enabled or not os.path.exists(self.path):
       return
+    self.close()
     with open(self.path, newline="") as f:
       kept = [row for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step]
     temporary = self.path + ".tmp"
@@ -45,15 +48,26 @@ class MetricsLog:
     if not self._enabled or not values:
       return
     try:
-      new = not os.path.exists(self.path)
-      with open(self.path, "a", newline="") as f:
-        writer = csv.writer(f)
+      if self._file is None:  # opened once, not at every boundary (a tiny model has ~100/s)
+        new = not os.path.exists(self.path)
+        self._file = open(self.path, "a", newline="")  # pylint: disable=consider-using-with
+        self._writer = csv.writer(self._file)
         if new:
-          writer.writerow(HEADER)
-        for name, value in values.items():
-          writer.writerow([step, split, name, repr(float(value))])
+          self._writer.writerow(HEADER)
+      self._writer.writerows([step, split, name, repr(float(value))]
+                             for name, value in values.items())
+      self._file.flush()  # a crash loses no row the OS was given
     except OSError as error:
+      self.close()
       raise self._failure(error) from None
+
+  def close(self) -> None:
+    if self._file is not None:
+      file, self._file, self._writer = self._file, None, None
+      try:
+        file.close()
+      except OSError:
+        pass  # the rows were flushed; a failing close has nothing left to say
 
   def _failure(self, error: OSError) -> Exception:
     """A full disk or a denied write: the one line (StorageError); anything else as is."""

@@ -14,6 +14,10 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import tensor_pb2
+from tensorboard.compat.proto import tensor_shape_pb2
+from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
@@ -22,8 +26,10 @@ from trainer.state import model_dir as layout
 _SAMPLE_IMAGES = 8
 # What tf.summary.scalar attaches: TensorBoard's Scalars tab shows the value.
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
 _SECONDS_BETWEEN_WRITES = 1.0  # kept scalars are written at least this often
 _MOST_ROWS_KEPT = 500
+_EVENTS_QUEUED = 100_000  # more than a second's rows of every tag: written at each flush
 _ROWS_WRITTEN_EAGERLY = 2  # fewer rows than a trace of the compiled writer costs (~0.15 s)
 
 
@@ -39,54 +45,53 @@ class Summaries:
 
   def _writer(self, split: str):
     if split not in self._writers:
-      self._writers[split] = tf.summary.create_file_writer(os.path.join(self.root, split))
+      # Events queue in memory until _write_kept flushes them (once a second at most): the
+      # default queue of 10 meant a write to the file every 10 scalars.
+      self._writers[split] = tf.summary.create_file_writer(
+          os.path.join(self.root, split), max_queue=_EVENTS_QUEUED, flush_millis=10_000)
     return self._writers[split]
 
   def scalars(self, split: str, step: int, values: dict) -> None:
     """Keeps this step's scalars; writes what is kept once a second at most."""
     if not self._enabled:
       return
-    self._kept.setdefault((split, tuple(values)), []).append(
-        (step, [float(value) for value in values.values()]))
+    self._kept.setdefault(split, []).append((step, _scalars_event(values)))
     if (time.monotonic() - self._last_write >= _SECONDS_BETWEEN_WRITES
         or sum(len(rows) for rows in self._kept.values()) >= _MOST_ROWS_KEPT):
       self._write_kept()
 
   def _write_kept(self) -> None:
-    """Every kept row, one compiled call per (split, tags): eager summary ops (one
-    dispatch per tag) cost more than the rest of a boundary together, and a call per row
-    still about as much as a tiny model's 50 steps."""
-    for (split, tags), rows in self._kept.items():
-      if len(rows) <= _ROWS_WRITTEN_EAGERLY and (split, tags) not in self._scalar_writers:
+    """Every kept row, one compiled call per split: eager summary ops (one dispatch per
+    row) cost more than the rest of a boundary together, a call per row still about as
+    much as a tiny model's 50 steps, and an event per scalar (tf.summary.write) five
+    times what one event per row costs."""
+    for split, rows in self._kept.items():
+      if len(rows) <= _ROWS_WRITTEN_EAGERLY and split not in self._scalar_writers:
         with self._writer(split).as_default():  # a short run's only rows, an eval's
-          for step, row in rows:
-            for tag, value in zip(tags, row):
-              tf.summary.write(tag=tag, tensor=tf.constant(value, tf.float32), step=step,
-                               metadata=_SCALAR_METADATA)
-        continue
-      self._scalar_writer(split, tags)(
-          tf.constant([step for step, _ in rows], tf.int64),
-          tf.constant([row for _, row in rows], tf.float32))
+          for step, event in rows:
+            tf.summary.experimental.write_raw_pb(event, step=step)
+      else:
+        self._scalar_writer(split)(tf.constant([step for step, _ in rows], tf.int64),
+                                   tf.constant([event for _, event in rows], tf.string))
+      self._writer(split).flush()  # on disk within a second, as before
     self._kept = {}
     self._last_write = time.monotonic()
 
-  def _scalar_writer(self, split: str, tags: tuple):
-    """A compiled `write(steps [k], rows [k, len(tags)])`: row i at steps[i]."""
-    write = self._scalar_writers.get((split, tags))
+  def _scalar_writer(self, split: str):
+    """A compiled `write(steps [k], events [k])`: serialized Summary i at steps[i]."""
+    write = self._scalar_writers.get(split)
     if write is None:
       writer = self._writer(split)
 
       @tf.function(autograph=False, input_signature=[
-          tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(tags)], tf.float32)])
-      def write(steps, rows):
+          tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string)])
+      def write(steps, events):
         def write_row(i):
-          with writer.as_default():  # tf.summary.write: the tags as given, no "while/" scope
-            for j, tag in enumerate(tags):
-              tf.summary.write(tag=tag, tensor=rows[i, j], step=steps[i],
-                               metadata=_SCALAR_METADATA)
+          with writer.as_default():
+            tf.summary.experimental.write_raw_pb(events[i], step=steps[i])
           return (i + 1,)
         tf.while_loop(lambda i: i < tf.shape(steps)[0], write_row, (tf.constant(0),))
-      self._scalar_writers[split, tags] = write
+      self._scalar_writers[split] = write
     return write
 
   def describe_run(self, step: int, config: dict) -> None:
@@ -139,6 +144,15 @@ class Summaries:
       writer.close()
     self._writers = {}
     self._scalar_writers = {}
+
+
+def _scalars_event(values: dict) -> bytes:
+  """One serialized Summary holding every scalar of a row, as tf.summary.scalar writes
+  each (a float32 tensor with the scalar plugin's metadata)."""
+  return summary_pb2.Summary(value=[
+      summary_pb2.Summary.Value(tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(
+          dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[float(value)]))
+      for tag, value in values.items()]).SerializeToString()
 
 
 def flatten_config(config: dict, prefix: str = "") -> dict:

@@ -181,14 +181,20 @@ class TaskState:
     """A context: the moving averages (use_ema) in place of the weights they average."""
     return optimizer_rules.averaged_weights(list(self.optimizers.values()))
 
-  def learning_rates(self) -> dict:
-    """{"learning_rate": the rate of the next step} (one optimizer) or one per optimizer,
-    `learning_rate_<where the task holds it>`."""
+  def learning_rate_vector(self):
+    """In a tf.function: every optimizer's learning rate for its next step (float64 [n],
+    the order of `learning_rates`): the train loop returns it with its sums."""
+    return tf.stack([tf.cast(optimizer.learning_rate, tf.float64)
+                     for optimizer in self.optimizers.values()])
+
+  def learning_rates(self, vector) -> dict:
+    """{"learning_rate": rate} (one optimizer) or one per optimizer,
+    `learning_rate_<where the task holds it>`, from `learning_rate_vector()`'s value."""
+    rates = vector.numpy().tolist()
     if len(self.optimizers) == 1:
-      (optimizer,) = self.optimizers.values()
-      return {"learning_rate": float(optimizer.learning_rate.numpy())}
-    return {f"learning_rate_{self.optimizer_labels[name]}": float(optimizer.learning_rate.numpy())
-            for name, optimizer in self.optimizers.items()}
+      return {"learning_rate": rates[0]}
+    return {f"learning_rate_{self.optimizer_labels[name]}": rate
+            for name, rate in zip(self.optimizers, rates)}
 
 
 def _not_saved_yet(extra: dict, saved: list) -> dict:
