@@ -72,11 +72,13 @@ def test_conv_batchnorm_with_jit_compiled_steps(tmp_path):
                      "--config.runtime.jit_compile=true")
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["2_replicas", "3_replicas"])
+@pytest.fixture(scope="module", params=[2], ids=["2_replicas"])
 def mobilenet(request, tmp_path_factory):
   """MobileNetV3Small trained on mirrored, its final eval over 100 examples compared with one
   replica here: (model_dir, devices). Training it costs 1-3 min, so eval sizes 1 and 7
-  evaluate this checkpoint with `--mode=eval` on the same replicas (the same eval path)."""
+  evaluate this checkpoint with `--mode=eval` on the same replicas (the same eval path).
+  Two replicas only: a real architecture's BatchNorm layers (depthwise, squeeze-excite)
+  on an empty slice is the point; three replicas' slices are conv_batchnorm's (above)."""
   devices = request.param
   model_dir = tmp_path_factory.mktemp(f"mobilenet_{devices}")
   _train_and_compare(model_dir, "mobilenet_v3_small", 100, *_mirrored(devices))

@@ -121,10 +121,12 @@ def test_export_equals_eval(runs, name, replicas):
     assert value == pytest.approx(summary[key], abs=EVAL_TOLERANCE), (key, scored, summary)
 
 
-@pytest.mark.parametrize("name, replicas", cells("refused"))
+@pytest.mark.parametrize("name, replicas", cells("refused", replicas=(1,)))
 def test_checkpoint_of_another_workload_is_refused(runs, tmp_path, name, replicas):
   """A step of another workload (other variables and shapes) copied into checkpoints/:
-  exit 2, one line, and the step is neither restored nor moved."""
+  exit 2, one line, and the step is neither restored nor moved. On 1 replica: the verdict
+  reads the step's recorded identity (fixed fields, Task, the saved keys and shapes),
+  which no replica count changes (trainer/state/config_changes.py: check_step)."""
   workload = catalogue.BY_NAME[name]
   donor, _ = runs.uninterrupted(workload.donor, 1)
   copied = tmp_path / "checkpoints" / str(catalogue.STEPS)
