@@ -339,12 +339,8 @@ def _update(strategy, optimizer, grads, variables, jit_compile: bool,
         variable.assign(constraint(variable))
 
   def on_device(unused_first_variable, *device_grads):
-    # Under XLA a function per device: its trace captures that device's copies of the
-    # variables. Without, the ops go inline into the step (a nested function call is an
-    # executor of its own every step: measurable in a tiny model's step).
-    if not jit_compile:
-      return update_all(*device_grads)
-    return tf.function(update_all, jit_compile=True, autograph=False)(*device_grads)
+    # A function per device: a trace captures that device's copies of the variables.
+    return tf.function(update_all, jit_compile=jit_compile, autograph=False)(*device_grads)
 
   # The tf.Variable (a MirroredVariable) the update runs by; a sharded one has no single
   # device: its first shard's then.
