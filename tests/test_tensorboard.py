@@ -93,3 +93,15 @@ def test_hparams_config_images_and_graph_are_served(tensorboard):
 def test_profile_window_writes_a_trace(tensorboard):
   model_dir, _ = tensorboard
   assert glob.glob(f"{model_dir}/tensorboard/plugins/profile/*/*.xplane.pb")
+
+
+def test_a_row_of_scalars_is_what_tensorboards_own_scalar_summaries_hold():
+  """One event per row (trainer/loop/summaries.py) holds, value for value, the bytes of
+  TensorBoard's scalar_pb for each tag: the Scalars tab reads them as tf.summary.scalar's."""
+  from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
+  from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
+  from trainer.loop import summaries  # pylint: disable=import-outside-toplevel
+  row = {"loss": 0.25, "accuracy": 1.0, "learning_rate": 1e-3, "examples_per_sec": 12345.6}
+  expected = summary_pb2.Summary(value=[summary_v2.scalar_pb(tag, value).value[0]
+                                        for tag, value in row.items()])
+  assert summaries._scalars_event(row) == expected.SerializeToString()  # pylint: disable=protected-access
