@@ -101,7 +101,10 @@ def test_a_row_of_scalars_is_what_tensorboards_own_scalar_summaries_hold():
   from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
   from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
   from trainer.loop import summaries  # pylint: disable=import-outside-toplevel
-  row = {"loss": 0.25, "accuracy": 1.0, "learning_rate": 1e-3, "examples_per_sec": 12345.6}
+  row = {"loss": 0.25, "accuracy": 1.0, "learning_rate": 1e-3, "examples_per_sec": 12345.6,
+         "diverged": float("inf"), "beyond_float32": -1e39, "nan": float("nan"),
+         "tiny": 1e-45, "r\u00e9sum\u00e9/\u4e2d": 0.1}
   expected = summary_pb2.Summary(value=[summary_v2.scalar_pb(tag, value).value[0]
                                         for tag, value in row.items()])
-  assert summaries._scalars_event(row) == expected.SerializeToString()  # pylint: disable=protected-access
+  for _ in range(2):  # the tags' bytes serialized, then spliced
+    assert summaries._scalars_event(row) == expected.SerializeToString()  # pylint: disable=protected-access

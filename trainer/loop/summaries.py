@@ -9,7 +9,9 @@ docs/monitoring.md.
 """
 import contextlib
 import json
+import math
 import os
+import struct
 import time
 
 import numpy as np
@@ -148,13 +150,49 @@ class Summaries:
 
 def _scalars_event(values: dict) -> bytes:
   """One serialized Summary holding every scalar of a row, as tf.summary.scalar writes
-  each (a float32 tensor with the scalar plugin's metadata). The same bytes as
-  TensorBoard's `summary_v2.scalar_pb` per tag (tests/test_tensorboard.py), built here
-  because that builds the metadata again per tag: 5x the time, at every boundary."""
-  return summary_pb2.Summary(value=[
-      summary_pb2.Summary.Value(tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(
-          dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[float(value)]))
-      for tag, value in values.items()]).SerializeToString()
+  each (a float32 tensor with the scalar plugin's metadata): the same bytes as
+  TensorBoard's `summary_v2.scalar_pb` per tag (tests/test_tensorboard.py). A Summary's
+  repeated values serialize one after the other, and a tag's bytes differ only in the
+  float's 4, so each tag is serialized once and a row is spliced from those: building
+  the protos at every boundary cost 25 us, scalar_pb's 5x that."""
+  row = []
+  for tag, value in values.items():
+    parts = _VALUE_PARTS.get(tag)
+    if parts is None:
+      parts = _VALUE_PARTS[tag] = _value_parts(tag)
+    if parts is _UNSPLICED:
+      row.append(_value_summary(tag, value).SerializeToString())
+    else:
+      row += (parts[0], _float32_bytes(value), parts[1])
+  return b"".join(row)
+
+
+_VALUE_PARTS = {}  # tag -> (the bytes before its float32, after it), or _UNSPLICED
+_UNSPLICED = ()
+_MARKER = 1.2345678  # its float32 bytes (52 06 9e 3f) are not ASCII: found once, in the value
+
+
+def _value_summary(tag: str, value: float):
+  return summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+      tag=tag, metadata=_SCALAR_METADATA, tensor=tensor_pb2.TensorProto(
+          dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[float(value)]))])
+
+
+def _value_parts(tag: str):
+  whole, marker = _value_summary(tag, _MARKER).SerializeToString(), _float32_bytes(_MARKER)
+  if whole.count(marker) != 1:  # a tag holding those bytes: serialized row by row
+    return _UNSPLICED
+  at = whole.index(marker)
+  return whole[:at], whole[at + len(marker):]
+
+
+def _float32_bytes(value) -> bytes:
+  """float32, little-endian, as protobuf stores a float field: beyond its range, +-inf."""
+  value = float(value)
+  try:
+    return struct.pack("<f", value)
+  except OverflowError:
+    return struct.pack("<f", math.copysign(math.inf, value))
 
 
 def flatten_config(config: dict, prefix: str = "") -> dict:
