@@ -57,3 +57,30 @@ def test_fused_kernel_is_kerass_update(make_optimizer, tolerance, monkeypatch):
     keras.optimizers.RMSprop(), keras.optimizers.Adagrad()], ids=lambda o: type(o).__name__)
 def test_other_optimizers_keep_kerass_update(optimizer):
   assert optimizers._fused_step(optimizer) is None  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("make_strategy, calls", [
+    (tf.distribute.get_strategy, 0),
+    (lambda: tf.distribute.experimental.CentralStorageStrategy(), 1),  # pylint: disable=unnecessary-lambda
+], ids=["variables on the step's device", "central_storage"])
+def test_the_update_is_one_call_only_where_the_variables_live_elsewhere(make_strategy, calls):
+  """Where the variables live on the step's device the update's ops are the step's own (a
+  nested call cost a tiny model 4% of its step); where they live elsewhere (central_storage,
+  a parameter server) it is one function call there (op by op: 9% slower on an H100)."""
+  strategy = make_strategy()
+  with strategy.scope():
+    variables = [keras.Variable(np.ones((300, 70), "float32")), keras.Variable(np.zeros(7, "float32"))]
+    optimizer = keras.optimizers.Adam(0.01)
+    optimizer.build(variables)
+
+  @tf.function
+  def step():
+    optimizers._update(strategy, optimizer, [tf.ones_like(v) for v in variables], variables,  # pylint: disable=protected-access
+                       jit_compile=False)
+
+  graph = step.get_concrete_function().graph.as_graph_def()
+  assert sum(node.op in ("StatefulPartitionedCall", "PartitionedCall")
+             for node in graph.node) == calls
+  step()
+  assert int(optimizer.iterations.numpy()) == 1
+  assert np.abs(variables[0].numpy() - 1.0).max() > 1e-3  # the update ran

@@ -236,6 +236,13 @@ _VARIABLES_OFF_THE_COMPUTE_DEVICE = (
     (tf.distribute.experimental.CentralStorageStrategy, "central_storage"))
 
 
+def variables_off_the_compute_device(strategy: tf.distribute.Strategy) -> str | None:
+  """The strategy's name where the variables live on another device than the step's ops
+  (a parameter server, the CPU under central_storage), else None."""
+  return next((name for kind, name in _VARIABLES_OFF_THE_COMPUTE_DEVICE
+               if isinstance(strategy, kind)), None)
+
+
 def jit_compile(runtime_config: ml_collections.ConfigDict,
                 strategy: tf.distribute.Strategy) -> bool:
   """runtime.jit_compile: "true", "false", or "auto" = XLA on accelerators only (measured:
@@ -243,8 +250,7 @@ def jit_compile(runtime_config: ml_collections.ConfigDict,
   # Seen on an H100: an XLA cluster on the compute device cannot read a variable that
   # lives elsewhere ("Trying to access resource ... located in device ..."): on a
   # parameter server, or on the CPU under central_storage.
-  remote_variables = next((name for kind, name in _VARIABLES_OFF_THE_COMPUTE_DEVICE
-                           if isinstance(strategy, kind)), None)
+  remote_variables = variables_off_the_compute_device(strategy)
   if runtime_config.jit_compile == "true" and remote_variables:
     raise UserError(f"runtime.jit_compile=true cannot run under the {remote_variables} "
                     "strategy: XLA on the compute device cannot reach variables kept on "
