@@ -117,3 +117,20 @@ def test_a_config_json_from_before_the_history_is_kept(tmp_path):
   assert json.loads((tmp_path / "config_history" / history[0]).read_text()) == {
       "train": {"steps": 2}}
   assert json.loads((tmp_path / "config.json").read_text()) == {"train": {"steps": 4}}
+
+
+def test_resumed_at_the_final_step_reports_the_train_values_logged_there(model_dir):
+  """A run whose final checkpoint is on disk but that did not finish (killed after the save)
+  trains no step when started again: its summary and Done line give the values logged at
+  that step, not NaN (and not a 0 examples/s that reads like a hung run)."""
+  first = json.loads((model_dir / "summary.json").read_text())
+  for name in ("summary.json", "finished.json"):
+    os.remove(model_dir / name)
+  result = run_trainer(model_dir, *_FLAGS, "--config.train.steps=2")
+  assert result.returncode == 0, result.stderr[-3000:]
+  again = json.loads((model_dir / "summary.json").read_text())
+  assert (first["trained_steps"], again["trained_steps"]) == (2, 0)
+  for name in ("train_loss", "train_accuracy"):
+    assert again[name] == first[name]  # metrics.csv holds repr(float): the same float
+  assert "loss nan" not in result.stderr
+  assert "no step trained in this process (resumed at the final step)" in result.stderr

@@ -140,15 +140,18 @@ def _log_summary(summary: dict, model_dir: str) -> None:
       return float("nan") if number is None else number
     return " | ".join(f"{name} {value(name):.4f}"
                       for name in sorted(names, key=lambda n: n != "loss"))
+  speed = ("no step trained in this process (resumed at the final step): as logged there"
+           if summary.get("trained_steps") == 0
+           else f"{summary['examples_per_sec']:.0f} examples/s (steady state)")
   logging.info(
       "Done at step %d (%s, %d replica(s)):\n"
       "  eval      %s | %d examples\n"
-      "  train     %s | %.0f examples/s (steady state)\n"
+      "  train     %s | %s\n"
       "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
       "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)\n"
       "  config    %s",
       summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
-      summary["eval_examples"], values("train"), summary["examples_per_sec"],
+      summary["eval_examples"], values("train"), speed,
       summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
       summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
 

@@ -210,6 +210,7 @@ class Trainer:
     # written or moved.
     self.mlflow_log.connect()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
+    started_at = position.step
     watcher = preemption.PreemptionWatcher(self.agreement)
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
     self._schedule = schedule
@@ -286,6 +287,8 @@ class Trainer:
         stopped_early = self._at_boundary(schedule, position, train_metrics, int(clock_bits))
 
     progress.finish()
+    if not train_metrics:  # resumed at the final step: the values the run logged there
+      train_metrics = self.metrics_log.last("train", position.step)
     batches = _dropped_off_the_main_thread(batches)
     self.train_state.wait()  # the final step is on disk before anything reports it
     if watcher.stop_agreed():
@@ -307,6 +310,9 @@ class Trainer:
         "num_replicas": self.strategy.num_replicas_in_sync,
         "strategy": config.runtime.strategy,
         "rollbacks": self._rollbacks,
+        # Steps this process trained (0: resumed at the final step; train_* are then the
+        # values logged there).
+        "trained_steps": position.step - started_at,
         "wall_time_sec": time.perf_counter() - started,
         "train_time_sec": self._throughput.seconds,
         "eval_time_sec": self._eval_seconds,

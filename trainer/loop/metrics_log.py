@@ -44,6 +44,21 @@ class MetricsLog:
         os.remove(temporary)
       raise self._failure(error) from None
 
+  def last(self, split: str, step: int) -> dict:
+    """{name: value} of the last `split` row at or before `step` ({} if none, or on a worker
+    that writes none): what a process that trained no step reports (resumed at the
+    final step)."""
+    if not self._enabled or not os.path.exists(self.path):
+      return {}
+    found, at = {}, -1
+    with open(self.path, newline="") as f:
+      for row in csv.reader(f):
+        if len(row) == 4 and row[0].isdigit() and row[1] == split and at <= int(row[0]) <= step:
+          if int(row[0]) > at:
+            found, at = {}, int(row[0])
+          found[row[2]] = float(row[3])
+    return found
+
   def write(self, step: int, split: str, values: dict) -> None:
     if not self._enabled or not values:
       return
