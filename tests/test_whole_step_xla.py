@@ -8,6 +8,7 @@ gradient, so a double reduction would show), on 1 and 2 replicas. Each
 configuration in its own process.
 """
 import json
+import types
 from unittest import mock
 
 import ml_collections
@@ -111,3 +112,17 @@ def test_where_variables_live_off_the_compute_device_auto_is_off_and_true_refuse
   with pytest.raises(UserError, match=rf"^runtime.jit_compile=true cannot run under the "
                      rf"{name} strategy: .*; set runtime.jit_compile=auto or false$"):
     runtime.jit_compile(_runtime_config(jit_compile="true"), strategy)
+
+
+def test_the_whole_step_is_one_cluster_only_for_one_replica_of_default_or_one_device():
+  """The fused step is faster where it can run, and fails where it cannot (mirrored on a
+  GPU, variables on another device): the rule, field by field."""
+  from trainer.cluster import runtime  # pylint: disable=import-outside-toplevel
+  def fuses(name, replicas=1, jit=True):
+    return runtime.fuses_whole_step(ml_collections.ConfigDict({"strategy": name}),
+                                    types.SimpleNamespace(num_replicas_in_sync=replicas), jit)
+  assert fuses("default") and fuses("one_device")
+  assert not fuses("default", jit=False)
+  for name in ("mirrored", "multi_worker_mirrored", "parameter_server", "central_storage"):
+    assert not fuses(name), name
+  assert not fuses("mirrored", replicas=2)

@@ -312,15 +312,14 @@ def num_workers(strategy: tf.distribute.Strategy) -> int:
   return max(1, sum(len(cluster.get(job, [])) for job in jobs))
 
 
-def fuses_whole_step(strategy: tf.distribute.Strategy, jit_compile: bool) -> bool:
+def fuses_whole_step(runtime_config: ml_collections.ConfigDict,
+                     strategy: tf.distribute.Strategy, jit_compile: bool) -> bool:
   """Whether one XLA cluster can hold the whole step, optimizer update included: one
   replica of the default or one_device strategy. MirroredStrategy refuses the update's
   merge_call inside an XLA function on GPUs (seen on an H100, even with one GPU), and a
   parameter server's variables are out of XLA's reach."""
-  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
-  default = type(distribute_lib._get_default_strategy())  # pylint: disable=protected-access
   return (jit_compile and strategy.num_replicas_in_sync == 1
-          and isinstance(strategy, (tf.distribute.OneDeviceStrategy, default)))
+          and runtime_config.strategy in ("default", "one_device"))
 
 
 def coordinator(strategy: tf.distribute.Strategy):

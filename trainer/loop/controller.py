@@ -116,7 +116,7 @@ class Trainer:
     self._device_decode = (batching.device_decoder(self.train_source)
                            if self._preprocess is None and self._on_accelerator else None)
     jit_compile = runtime.jit_compile(config.runtime, strategy)
-    fuse_whole_step = runtime.fuses_whole_step(strategy, jit_compile)
+    fuse_whole_step = runtime.fuses_whole_step(config.runtime, strategy, jit_compile)
     communication_options = None if self.coordinator else runtime.communication_options(
         config.runtime)
 

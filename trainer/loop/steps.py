@@ -254,8 +254,8 @@ def replicas_agree(variables) -> None:
       variable.assign(value)
 
 
-def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variables=(),
-                    learning_rates=lambda: tf.zeros([0], tf.float64)):
+def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variables,
+                    learning_rates):
   """Returns `train_loop(iterator, num_steps, first_step) -> (state_finite, totals,
   learning rates)`: `num_steps` steps and the sums of their batches, in one tf.function
   call; then the replicas agree on the `model_variables` each updates on its own (module
@@ -281,8 +281,7 @@ def make_train_loop(strategy, replica_step, sums: Sums, variables, model_variabl
 
 
 def make_parameter_server_train_loop(coordinator, replica_step, sums: Sums, variables,
-                                     num_workers: int,
-                                     learning_rates=lambda: tf.zeros([0], tf.float64)):
+                                     num_workers: int, learning_rates):
   """The same `train_loop(per_worker_iterator, num_steps, first_step)`, asynchronous.
 
   The coordinator schedules the steps as a few closures of compiled steps; any
