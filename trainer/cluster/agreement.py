@@ -12,9 +12,15 @@ It is on whenever the synchronous cluster has more than one task (a `chief` and
 one `worker`, as a Kubeflow TFJob starts them, are two). A single process, or a
 parameter-server coordinator (the only process that decides), needs no collective.
 """
+import time
+
 import tensorflow as tf
 
 from trainer.cluster import runtime
+
+# After the run's last agreement, how long a worker stays for its peers to read its part (a
+# few bytes; the wait covers a peer's thread being late on a loaded machine).
+_LAST_PART_READ_SEC = 0.5
 
 
 class Agreement:
@@ -54,6 +60,18 @@ class Agreement:
       return list(flags)
     local = tf.constant([1.0 if flag else 0.0 for flag in flags], tf.float64)
     return [value > 0 for value in self._sum(local).numpy().tolist()]
+
+  def at_the_end(self) -> None:
+    """Every worker is past the run's last collective before any leaves. TensorFlow's
+    collectives pull a worker's part from it, so a worker whose op is done may still be
+    read from: one that exited at once (the CLI leaves by os._exit) left the chief's final
+    eval reduce without its part ("Socket closed"), and the launcher restarted the group
+    (seen on a loaded 2-core machine). After this agreement every earlier collective is
+    done everywhere; the short wait lets the peers read this one's part too."""
+    if self._sum is None:
+      return
+    self.share()
+    time.sleep(_LAST_PART_READ_SEC)
 
   def any(self, local: bool) -> bool:
     """True everywhere if it is true on any worker."""

@@ -298,6 +298,7 @@ class Trainer:
       eval_metrics = self.evaluate(position.step)
       if watcher.stop_agreed():
         raise Preempted(position.step)
+    self.agreement.at_the_end()  # no worker leaves while a peer still reads its part
     exported = self.export(position.step)  # a signal from here on: finish (seconds), exit 0
     self.mlflow_log.finish(exported)
     summary = {
