@@ -40,6 +40,7 @@ def test_gan_weights_agree_on_1_2_3_replicas_with_plain_sgd(tmp_path):
   for replicas in (1, 2, 3):
     model_dir = tmp_path / f"r{replicas}"
     summary = train_ok(model_dir, *_gan_flags(gan, replicas, "--config.train.optimizer=sgd",
+                                              "--config.train.optimizer_args=",  # gan.py's Adam's
                                               "--config.train.learning_rate=0.05",
                                               "--config.train.steps=30",
                                               "--config.train.steps_per_loop=10"))

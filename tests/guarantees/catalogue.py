@@ -23,7 +23,10 @@ COMMON = ("--config.train.steps=40", "--config.train.global_batch_size=32",
 # Plain SGD at a small rate: updates proportional to the gradient, so a reduction
 # counted twice (or missing) moves the weights by far more than the rounding of a
 # summation order that depends on the replica count (tests/test_replica_equivalence.py).
-SGD = ("--config.train.optimizer=sgd", "--config.train.learning_rate=0.02")
+# Plain SGD, without the optimizer arguments of a workload's own config (examples/gan.py's
+# Adam beta_1).
+SGD = ("--config.train.optimizer=sgd", "--config.train.optimizer_args=",
+       "--config.train.learning_rate=0.02")
 _GAN = os.path.join(REPO, "examples", "gan.py")
 _DATA = types.SimpleNamespace(num_train_examples=512, num_eval_examples=256)
 
