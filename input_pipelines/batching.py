@@ -149,8 +149,11 @@ def _positioned(source: IndexableSource, read: Callable, start_example: int,
     positions = first[:, None] + tf.range(per_replica, dtype=tf.int64)[None, :]
     features, labels = read(order.rows(tf.reshape(positions, [-1]), order_seed,
                                        num_examples))
-    split = lambda t: (t[None] if chunk == 1 else  # pylint: disable=unnecessary-lambda-assignment
-                       tf.reshape(t, [chunk, per_replica, *t.shape[1:]]))
+    # Every element holds exactly per_replica examples: said statically, also for a read
+    # of one batch (whose rows tf.numpy_function cannot tell), so the step is traced for
+    # that batch size (XLA, the per-example values' lengths known when traced).
+    split = lambda t: (tf.ensure_shape(t[None], [1, per_replica, *t.shape[1:]])  # pylint: disable=unnecessary-lambda-assignment
+                       if chunk == 1 else tf.reshape(t, [chunk, per_replica, *t.shape[1:]]))
     features, labels = tf.nest.map_structure(split, (features, labels))
     return (positions, features, labels) if with_positions else (features, labels)
 

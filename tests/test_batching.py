@@ -108,6 +108,17 @@ def test_big_examples_are_read_a_few_mib_at_a_time():
   assert big.reads and max(big.reads) <= 4, big.reads
 
 
+@pytest.mark.parametrize("global_batch_size", [10, 300])  # 300: more rows than one read
+def test_training_batches_have_their_size_when_traced(global_batch_size):
+  """A batch of more rows than one read (256) came out of tf.numpy_function with an unknown
+  size: the step was traced for any batch, and under XLA its per-example values' run-time
+  length check failed the first step (`--config=recommender`, batch 2048)."""
+  source = _splits(n_train=1000)[0]
+  features, labels = batching.train_dataset(source, seed=0, global_batch_size=global_batch_size,
+                                            start_example=0).element_spec
+  assert features.shape[0] == labels.shape[0] == global_batch_size
+
+
 def _noisy(features, labels, seed):
   """A random augmentation: noise from the stateless seed distloop passes in."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -309,3 +309,22 @@ def test_preempted_two_workers_resume_as_two_replicas_on_the_same_trajectory(
   print(f"{workload}: 2 workers preempted at {step}, resumed as 2 replicas: max abs "
         f"difference {difference:.3g} from the uninterrupted run")
   assert difference <= 1e-6, workload
+
+
+@pytest.mark.parametrize("model_flags", [
+    ["--config.model.name=mlp"],  # Dropout: a seed state each replica assigns
+    ["--config.model.name=tests.batchnorm_plugins:conv_batchnorm",  # moving statistics
+     "--config.data.name=tests.batchnorm_plugins:images"],
+], ids=["dropout", "batchnorm"])
+def test_central_storage_trains_like_mirrored_with_state_each_replica_assigns(tmp_path,
+                                                                             model_flags):
+  """Variables each replica assigns on its own (aggregation NONE): under central_storage
+  their one copy took no replica's assignment, and the built-in task failed while tracing
+  (exit 2, "You must specify an aggregation method"). Now the first replica's assignment
+  is kept, as mirrored keeps the first replica's copy: the same weights and statistics."""
+  flags = [*_FLAGS, *model_flags, "--config.runtime.num_cpu_devices=2"]
+  train_ok(tmp_path / "mirrored", *flags, "--config.runtime.strategy=mirrored")
+  summary = train_ok(tmp_path / "central", *flags, "--config.runtime.strategy=central_storage")
+  assert summary["num_replicas"] == 2
+  assert_same_state(checkpoint_arrays(tmp_path / "central", _STEPS),
+                    checkpoint_arrays(tmp_path / "mirrored", _STEPS), atol=1e-5)

@@ -127,6 +127,20 @@ def test_a_length_known_only_when_the_step_runs_is_checked_then_in_one_line(tmp_
                                 "step (a scalar)")
 
 
+def test_a_length_unknown_when_traced_is_refused_under_whole_step_xla(tmp_path):
+  """One XLA cluster cannot hold the run-time length check (its message is a string op
+  XLA does not compile): the run failed at its first step, exit 1, blaming the task's
+  train_step with "tf2xla conversion failed". Now refused before anything is written."""
+  def kept(features, per_example):
+    return {"confident": tf.boolean_mask(per_example, per_example < 1e9)}
+  config = _config()
+  config.runtime.jit_compile = "true"
+  with pytest.raises(UserError, match=r"train_step returned 'confident' of a length unknown "
+                                      r"when traced: with the whole step under XLA "):
+    trainer.run(config, str(tmp_path / "run"), task=_task(train=kept))
+  assert not (tmp_path / "run").exists()
+
+
 # -- empty streams and non-finite values (defect 6) -------------------------------------
 
 _STREAMS = "tests/stream_plugins.py"

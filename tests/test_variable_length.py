@@ -87,7 +87,7 @@ def test_every_training_batch_is_padded_to_its_own_rows(pad_to):
                                        num_replicas_in_sync=2)
   dataset = batching.train_dataset(source, seed=3, global_batch_size=8, start_example=0,
                                    input_context=context)
-  assert dataset.element_spec[0].shape.as_list() == [None, None]
+  assert dataset.element_spec[0].shape.as_list() == [4, None]  # its rows known, its length not
   lengths = np.array([len(e) for e in x])
   seen = []
   for features, labels in dataset.take(30):

@@ -103,7 +103,8 @@ class Trainer:
     self.coordinator = runtime.coordinator(strategy)
     self.task = tasks.create(config, task)
     # Optimizer slots of a sharded variable are sharded like it (trainer/cluster/sharding.py).
-    with strategy.scope(), sharding.slots_follow_shards():
+    with (strategy.scope(), sharding.slots_follow_shards(),
+          steps.one_copy_takes_the_first_replicas(strategy)):
       context = tasks.BuildContext(config, self.features_spec, labels_spec, self._probe,
                                    strategy)
       context.sources = splits
@@ -144,7 +145,8 @@ class Trainer:
     with strategy.scope():
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
       train_names, norms = user_code.traced(lambda: steps.discover(
-          traced_train_step, train_spec, "train_step", replicas, self.state.check_step), self.task)
+          traced_train_step, train_spec, "train_step", replicas, self.state.check_step,
+          lengths_known=fuse_whole_step), self.task)
       eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
           lambda batch: (autograph_scope.user_function(self.task.eval_step)(batch), {}), train_spec, "eval_step", replicas,
           self.state.check_step), self.task)

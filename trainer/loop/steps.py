@@ -22,6 +22,7 @@ is kept best and exported, and what the checkpoint holds are one set of
 statistics; the first replica's values never depend on when that happens, so a
 resumed run still equals an uninterrupted one.
 """
+import contextlib
 import fnmatch
 
 import keras
@@ -120,11 +121,13 @@ def is_reserved(name: str) -> bool:
   return any(fnmatch.fnmatchcase(name, pattern) for pattern in RESERVED)
 
 
-def check_values(what: str, values, batch_size: int | None = None) -> dict:
+def check_values(what: str, values, batch_size: int | None = None,
+                 lengths_known: bool = False) -> dict:
   """A step's return value, at trace time: {name: per-example [batch] or scalar}, no
   name distloop reports itself. `batch_size`: the traced batch's static size, which a
   per-example value's static length must equal (an unknown length is checked when the
-  step runs: Sums.of_batch)."""
+  step runs: Sums.of_batch). `lengths_known`: the step runs as one XLA cluster, which
+  cannot hold that run-time check, so an unknown length is refused here."""
   if not isinstance(values, dict) or not all(isinstance(name, str) for name in values):
     kind = "a tensor" if tf.is_tensor(values) else type(values).__name__
     raise UserError(f"{what} returned {kind}; it returns a dict of named "
@@ -141,6 +144,11 @@ def check_values(what: str, values, batch_size: int | None = None) -> dict:
                       f"example (shape [batch]) or per step (a scalar)")
     if shape.rank == 1 and None not in (shape[0], batch_size) and shape[0] != batch_size:
       raise UserError(_wrong_length(what, name, shape[0], batch_size))
+    if shape.rank == 1 and shape[0] is None and lengths_known:
+      raise UserError(f"{what} returned {name!r} of a length unknown when traced: with the "
+                      f"whole step under XLA (runtime.jit_compile) it cannot be checked as "
+                      f"the step runs; give it the batch's length (tf.ensure_shape(value, "
+                      f"[batch_size])) or set runtime.jit_compile=false")
   return values
 
 
@@ -165,19 +173,21 @@ def _per_example(what: str, name: str, value, count):
     return tf.identity(value)
 
 
-def discover(step_fn, batch_spec, what: str, strategy=None, check=None) -> tuple[list, dict]:
+def discover(step_fn, batch_spec, what: str, strategy=None, check=None,
+             lengths_known: bool = False) -> tuple[list, dict]:
   """(the names the step returns, in order; the context's gradient norms by name), by
   tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
   With a `strategy` it is traced in a replica context, as it will run; a static batch
-  size in `batch_spec` checks the per-example values' lengths here. `check(what,
-  trace)` traces it instead (TaskState.check_step: the trace is checked against the
-  task's checkpointed state)."""
+  size in `batch_spec` checks the per-example values' lengths here (`lengths_known`: see
+  check_values). `check(what, trace)` traces it instead (TaskState.check_step: the trace
+  is checked against the task's checkpointed state)."""
   found = {}
 
   def replica_probe(batch):
     values, norms = step_fn(batch)
     _, labels = batch
-    found["values"] = check_values(what, values, tf.nest.flatten(labels)[0].shape[0])
+    found["values"] = check_values(what, values, tf.nest.flatten(labels)[0].shape[0],
+                                   lengths_known)
     found["norms"] = norms
     return tf.constant(0)
 
@@ -235,6 +245,30 @@ def replica_local(variables) -> list:
         and variable.dtype.is_floating):  # an integer (a seed's counter) advances alike
       found.append(variable)
   return found
+
+
+@contextlib.contextmanager
+def one_copy_takes_the_first_replicas(strategy):
+  """Inside strategy.scope(), while the task builds: under CentralStorageStrategy on
+  several devices, a variable each replica would assign on its own (aggregation NONE, not
+  trained: Dropout's seed state, BatchNormalization's moving statistics) takes the first
+  replica's assignment instead. Its one copy on the CPU cannot take an unaggregated
+  assignment from a replica (TensorFlow refuses the step), and the first replica's value
+  is what MirroredStrategy keeps too (replicas_agree): central_storage trains like
+  mirrored."""
+  if not (isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+          and strategy.num_replicas_in_sync > 1):
+    yield
+    return
+
+  def creator(next_creator, **kwargs):
+    if (kwargs.get("aggregation") in (tf.VariableAggregation.NONE, "none")
+        and kwargs.get("trainable") is False):
+      kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    return next_creator(**kwargs)
+
+  with tf.variable_creator_scope(creator):
+    yield
 
 
 def replicas_agree(variables) -> None:
