@@ -146,7 +146,7 @@ class Trainer:
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
       train_names, norms = user_code.traced(lambda: steps.discover(
           traced_train_step, train_spec, "train_step", replicas, self.state.check_step,
-          lengths_known=fuse_whole_step), self.task)
+          lengths_must_be_static=fuse_whole_step), self.task)
       eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
           lambda batch: (autograph_scope.user_function(self.task.eval_step)(batch), {}), train_spec, "eval_step", replicas,
           self.state.check_step), self.task)

@@ -122,11 +122,11 @@ def is_reserved(name: str) -> bool:
 
 
 def check_values(what: str, values, batch_size: int | None = None,
-                 lengths_known: bool = False) -> dict:
+                 lengths_must_be_static: bool = False) -> dict:
   """A step's return value, at trace time: {name: per-example [batch] or scalar}, no
   name distloop reports itself. `batch_size`: the traced batch's static size, which a
   per-example value's static length must equal (an unknown length is checked when the
-  step runs: Sums.of_batch). `lengths_known`: the step runs as one XLA cluster, which
+  step runs: Sums.of_batch). `lengths_must_be_static`: the step runs as one XLA cluster, which
   cannot hold that run-time check, so an unknown length is refused here."""
   if not isinstance(values, dict) or not all(isinstance(name, str) for name in values):
     kind = "a tensor" if tf.is_tensor(values) else type(values).__name__
@@ -144,7 +144,7 @@ def check_values(what: str, values, batch_size: int | None = None,
                       f"example (shape [batch]) or per step (a scalar)")
     if shape.rank == 1 and None not in (shape[0], batch_size) and shape[0] != batch_size:
       raise UserError(_wrong_length(what, name, shape[0], batch_size))
-    if shape.rank == 1 and shape[0] is None and lengths_known:
+    if shape.rank == 1 and shape[0] is None and lengths_must_be_static:
       raise UserError(f"{what} returned {name!r} of a length unknown when traced: with the "
                       f"whole step under XLA (runtime.jit_compile) it cannot be checked as "
                       f"the step runs; give it the batch's length (tf.ensure_shape(value, "
@@ -174,11 +174,11 @@ def _per_example(what: str, name: str, value, count):
 
 
 def discover(step_fn, batch_spec, what: str, strategy=None, check=None,
-             lengths_known: bool = False) -> tuple[list, dict]:
+             lengths_must_be_static: bool = False) -> tuple[list, dict]:
   """(the names the step returns, in order; the context's gradient norms by name), by
   tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
   With a `strategy` it is traced in a replica context, as it will run; a static batch
-  size in `batch_spec` checks the per-example values' lengths here (`lengths_known`: see
+  size in `batch_spec` checks the per-example values' lengths here (`lengths_must_be_static`: see
   check_values). `check(what, trace)` traces it instead (TaskState.check_step: the trace
   is checked against the task's checkpointed state)."""
   found = {}
@@ -187,7 +187,7 @@ def discover(step_fn, batch_spec, what: str, strategy=None, check=None,
     values, norms = step_fn(batch)
     _, labels = batch
     found["values"] = check_values(what, values, tf.nest.flatten(labels)[0].shape[0],
-                                   lengths_known)
+                                   lengths_must_be_static)
     found["norms"] = norms
     return tf.constant(0)
 
