@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.lr_decay_steps = 1000   # step: multiply the rate by lr_decay_rate every this many steps
   config.train.lr_decay_rate = 0.1    # step: the factor
   config.train.clip_grad_norm = 0.0    # clip the reduced gradient to this global norm; 0 = off
+  config.train.report_gradient_norm = False  # also report the global norm of the reduced gradient (before clipping), averaged over each loop: gradient_norm (NAME_gradient_norm per named update). Off: ~5% of a tiny model's step, under 1% of a real one's
   config.train.nonfinite_policy = "stop"  # NaN/Inf loss or weights: stop (exit 1) | rollback
   config.train.max_rollbacks = 3       # rollback: times to restore the last good checkpoint and skip ahead
   config.train.action_timeout_seconds = 600.0  # a user Action (train.actions) that has not returned after this long ends the run (exit 1, one line naming it; the step saved on one process); 0 = no limit. A signal ends a blocked Action within seconds (exit 42)

@@ -180,6 +180,10 @@ def _bucketed_train(source: IndexableSource, read: Callable, start_example: int,
 
   def element(positions, longest):
     features, labels = read(order.rows(positions, order_seed, num_examples), longest)
+    # per_replica rows, said statically (tf.numpy_function cannot tell), as _positioned
+    # does: under whole-step XLA a per-example value of unknown length failed the step.
+    features, labels = tf.nest.map_structure(
+        lambda t: tf.ensure_shape(t, [per_replica, *t.shape[1:]]), (features, labels))
     return positions, features, labels
 
   return (batches.map(shares).unbatch()

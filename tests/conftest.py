@@ -20,13 +20,13 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 def pytest_collection_modifyitems(items):
   """The units of work of `--dist loadgroup` (setup.cfg): a test file, whose tests share its
   module fixtures and in-process TensorFlow runtime, except the guarantee matrix, whose
-  cells share trained runs per (workload, replicas) (tests/guarantees/conftest.py): each of
+  cells share trained runs per (workload, shape) (tests/guarantees/conftest.py): each of
   those is a unit of its own, so both workers take part in the matrix (it was one file on
   one worker, the slow suite's longest unit)."""
   for item in items:
     callspec = getattr(item, "callspec", None)
     if item.path.name == "test_matrix.py" and callspec is not None:
-      group = f"matrix-{callspec.params['name']}-{callspec.params['replicas']}"
+      group = f"matrix-{callspec.params['name']}-{callspec.params['shape']}"
     else:
       group = item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 
 _COMMON = ["--config=synthetic", "--config.train.steps=30", "--config.train.global_batch_size=48",
            "--config.train.steps_per_loop=10", "--config.runtime.strategy=mirrored",
-           "--config.runtime.deterministic=true"]
+           "--config.runtime.deterministic=true", "--config.train.report_gradient_norm=true"]
 _OPTIMIZERS = {  # name: (flags, tolerance)
     # Adam moves every weight by about the rate whatever the size of its gradient, so a
     # weight whose gradient is ~0 (a unit that hardly fires) moves by ~the rate in the

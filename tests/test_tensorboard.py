@@ -24,6 +24,7 @@ def tensorboard(tmp_path_factory):
            f"--config.train.steps={_STEPS}", "--config.train.steps_per_loop=25",
            "--config.eval.interval=50", "--config.train.lr_schedule=cosine",
            "--config.train.warmup_steps=50", "--config.train.clip_grad_norm=5.0",
+           "--config.train.report_gradient_norm=true",
            "--config.runtime.profile_steps=100,125")
   with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))

@@ -40,11 +40,18 @@ class Workload:
   served: Callable | None = None
   # Flags that make it plain SGD for the 1 = 2 replicas check, when `flags` are not.
   sgd_flags: tuple[str, ...] = ()
-  # Checks that do not apply: {check: why}. Cells failing on a known defect:
-  # {(check, replicas): reason}, replicas None = both (xfail, strict: unmark once fixed).
+  # Checks that do not apply: {check: why} on every shape, {(check, shape): why} on one.
+  # Cells failing on a known defect: the same keys -> reason (xfail, strict: unmark once
+  # fixed). Shapes: tests/guarantees/conftest.py SHAPES.
   not_applicable: dict = dataclasses.field(default_factory=dict)
   known_defects: dict = dataclasses.field(default_factory=dict)
   donor: str = "cnn"  # whose checkpoint the refusal check copies in (shapes differ)
+
+  def why_not(self, check: str, shape: str) -> str | None:
+    return self.not_applicable.get((check, shape)) or self.not_applicable.get(check)
+
+  def defect(self, check: str, shape: str) -> str | None:
+    return self.known_defects.get((check, shape)) or self.known_defects.get(check)
 
 
 def _cross_entropy(probabilities, labels) -> float:
@@ -129,6 +136,16 @@ _BATCHNORM_REPLICAS = ("BatchNormalization normalizes each replica's own slice i
 _GENERATOR_REPLICAS = ("a tf.random.Generator draws another stream on each replica; "
                        "step.normal is the noise that does not depend on the replica count")
 
+
+_XLA_RANDOM = ("XLA draws other numbers than TensorFlow's kernels from the same stateless seed "
+               "(its normal transform, and auto_select's algorithm): the noise differs from "
+               "1 replica's, not within a run")
+
+
+def _on_two_replicas(why: str) -> dict:
+  """Not applicable: agreement with 1 replica on the shapes of 2 (XLA's 1 still agrees)."""
+  return {("shapes_agree", "2"): why, ("shapes_agree", "central_storage-2"): why}
+
 CATALOGUE = [
     # The built-in supervised step: the CNN on synthetic MNIST-shaped data.
     Workload("cnn", ("--config=synthetic", "--config.model.conv_filters=8",
@@ -143,7 +160,7 @@ CATALOGUE = [
                                 "--config.model.name=tests.batchnorm_plugins:conv_batchnorm",
                                 "--config.data.name=tests.batchnorm_plugins:images", *SGD),
              served=_served_batchnorm,
-             not_applicable={"replicas_agree": _BATCHNORM_REPLICAS}),
+             not_applicable=_on_two_replicas(_BATCHNORM_REPLICAS)),
     Workload("two_heads", ("--config=synthetic",
                            "--config.model.name=tests.multi_output_plugins:two_heads",
                            "--config.data.name=tests.multi_output_plugins:arrays",
@@ -172,7 +189,8 @@ CATALOGUE = [
               "--config.data.pad_to=longest", *SGD),
              served=_served_sequences),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
-    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan),
+    Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
+             not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM}),
     # A Task's own variables: a step counter and moving averages the step assigns.
     Workload("task_counter", ("--config=synthetic",
                               "--config.train.task=tests.guarantees.workloads:Counter", *SGD),
@@ -181,11 +199,13 @@ CATALOGUE = [
     Workload("task_layer_generator",
              ("--config=synthetic",
               "--config.train.task=tests.guarantees.workloads:LayerAndGenerator", *SGD),
-             not_applicable={"replicas_agree": _GENERATOR_REPLICAS}),
+             not_applicable={**_on_two_replicas(_GENERATOR_REPLICAS),
+                             ("shapes_agree", "xla-1"): _XLA_RANDOM}),
     # Decoupled weight decay, a moving average served by eval and export, 2 micro-batches.
     # step.all_gather (global negatives) and step.example_seeds (per-example augmentation)
     Workload("contrastive", ("--config=synthetic",
-                             "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD)),
+                             "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD),
+             not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM}),
     Workload("adamw_ema_accumulation",
              ("--config=synthetic", "--config.model.conv_filters=6",
               "--config.model.dense_units=16", "--config.train.optimizer=adamw",

@@ -1,10 +1,12 @@
-"""The trained runs the checks share: each (workload, replicas) is trained once per session.
+"""The trained runs the checks share: each (workload, shape) is trained once per session.
 
-`runs.uninterrupted(name, replicas)` -> (model_dir, summary): trained to the end
-(eval, export, summary.json), every 10th step kept. `runs.interrupted(name, replicas)`
+A shape is how a run is laid out (`SHAPES`): its replica count and strategy, or the whole
+step compiled by XLA; a check names the shapes it runs on.
+`runs.uninterrupted(name, shape)` -> (model_dir, summary): trained to the end
+(eval, export, summary.json), every 10th step kept. `runs.interrupted(name, shape)`
 -> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
 step 35, resumed again to the end; one model_dir, three processes, both resume checks.
-`runs.sgd(name, replicas)`: the uninterrupted run, or with the workload's `sgd_flags`.
+`runs.sgd(name, shape)`: the uninterrupted run, or with the workload's `sgd_flags`.
 Weights are read in this process with plain orbax (`arrays`).
 """
 import dataclasses
@@ -27,14 +29,32 @@ ENV: dict = {}
 TIMEOUT = 300
 
 
-def replica_flags(replicas: int) -> tuple[str, ...]:
-  if replicas == 1:
-    return ()
-  return ("--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices={replicas}")
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  replicas: int
+  flags: tuple[str, ...] = ()
 
 
-def flags(workload, replicas: int, *extra: str) -> list[str]:
-  return [*workload.flags, *catalogue.COMMON, *replica_flags(replicas), *extra]
+# The layouts every workload runs on, each a few flags a user would type. "1" is the
+# reference the others must agree with under plain SGD.
+SHAPES = {
+    "1": Shape(1),
+    "2": Shape(2, ("--config.runtime.strategy=mirrored", "--config.runtime.num_cpu_devices=2")),
+    # One copy of every variable on the host, the replicas' gradients summed into it
+    # (a variable each replica assigns takes the first replica's assignment).
+    "central_storage-2": Shape(2, ("--config.runtime.strategy=central_storage",
+                                   "--config.runtime.num_cpu_devices=2")),
+    # The whole step (forward, backward, update) one XLA cluster. Not under op determinism
+    # (refused for a MaxPool model: XLA has no deterministic MaxPool gradient); one thread
+    # per op, as deterministic runs take, keeps the summation order.
+    "xla-1": Shape(1, ("--config.runtime.jit_compile=true",
+                       "--config.runtime.deterministic=false",
+                       "--config.runtime.intra_op_threads=1")),
+}
+
+
+def flags(workload, shape: str, *extra: str) -> list[str]:
+  return [*workload.flags, *catalogue.COMMON, *SHAPES[shape].flags, *extra]
 
 
 def trainer_run(model_dir, *args: str):
@@ -75,33 +95,34 @@ class Runs:
   def _dir(self, *parts):
     return self._factory.mktemp("_".join(str(part) for part in parts))
 
-  def uninterrupted(self, name: str, replicas: int):
+  def uninterrupted(self, name: str, shape: str):
     def make():
-      model_dir = self._dir(name, replicas, "uninterrupted")
-      result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], replicas))
+      model_dir = self._dir(name, shape, "uninterrupted")
+      result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape))
       assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
       with open(os.path.join(model_dir, "summary.json")) as f:
         summary = json.load(f)
-      assert summary["step"] == catalogue.STEPS and summary["num_replicas"] == replicas
+      assert summary["step"] == catalogue.STEPS, summary
+      assert summary["num_replicas"] == SHAPES[shape].replicas, summary
       return model_dir, summary
-    return self._once(("uninterrupted", name, replicas), make)
+    return self._once(("uninterrupted", name, shape), make)
 
-  def sgd(self, name: str, replicas: int):
+  def sgd(self, name: str, shape: str):
     workload = catalogue.BY_NAME[name]
     if not workload.sgd_flags:
-      return self.uninterrupted(name, replicas)[0]
+      return self.uninterrupted(name, shape)[0]
 
     def make():
-      model_dir = self._dir(name, replicas, "sgd")
-      result = trainer_run(model_dir, *flags(workload, replicas, *workload.sgd_flags))
+      model_dir = self._dir(name, shape, "sgd")
+      result = trainer_run(model_dir, *flags(workload, shape, *workload.sgd_flags))
       assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
       return model_dir
-    return self._once(("sgd", name, replicas), make)
+    return self._once(("sgd", name, shape), make)
 
-  def interrupted(self, name: str, replicas: int) -> Interrupted:
+  def interrupted(self, name: str, shape: str) -> Interrupted:
     def make():
-      model_dir = self._dir(name, replicas, "interrupted")
-      args = flags(catalogue.BY_NAME[name], replicas)
+      model_dir = self._dir(name, shape, "interrupted")
+      args = flags(catalogue.BY_NAME[name], shape)
       stopped = TrainerProcess(model_dir, *args, env=ENV)
       code = stopped.stop_at(rf"step 5/{catalogue.STEPS}", timeout=TIMEOUT)
       assert code == 42, f"SIGTERM: exit {code}\n{stopped.output[-3000:]}"
@@ -122,7 +143,7 @@ class Runs:
       restored = int(re.search(r"Restored checkpoint at step (\d+)", resumed.stderr).group(1))
       assert restored == on_disk[-1], (restored, on_disk)  # the newest complete step
       return Interrupted(model_dir, stopped_at, 35, restored)
-    return self._once(("interrupted", name, replicas), make)
+    return self._once(("interrupted", name, shape), make)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Every workload of the catalogue against every guarantee, on 1 and 2 replicas.
+"""Every workload of the catalogue against every guarantee, on every shape (conftest.SHAPES:
+1 replica, 2 mirrored, 2 central_storage, 1 under whole-step XLA).
 
-A cell is (check, workload, replicas). The fast suite runs `FAST`: the built-in CNN's
+A cell is (check, workload, shape). The fast suite runs `FAST`: the built-in CNN's
 eval = --mode=eval = export on 1 replica and one refusal (a few trainer processes,
 ~30 s); `python -m pytest -m slow tests/guarantees` runs the rest.
 """
@@ -12,31 +13,30 @@ import numpy as np
 import pytest
 
 from tests.guarantees import catalogue
-from tests.guarantees.conftest import arrays, complete_steps, flags, trainer_run
+from tests.guarantees.conftest import SHAPES, arrays, complete_steps, flags, trainer_run
 
-REPLICAS = (1, 2)
-FAST = {("eval", "cnn", 1), ("export", "cnn", 1), ("refused", "softmax_head", 1)}
+FAST = {("eval", "cnn", "1"), ("export", "cnn", "1"), ("refused", "softmax_head", "1")}
 RESUME_TOLERANCE = 1e-6
 REPLICA_TOLERANCE = 1e-5
 EVAL_TOLERANCE = 1e-5
 
 
-def cells(check: str, replicas=REPLICAS, applies=lambda workload: True):
-  """pytest params (workload name, replicas) of `check`: slow unless in FAST, skipped
+def cells(check: str, shapes=tuple(SHAPES), applies=lambda workload: True):
+  """pytest params (workload name, shape) of `check`: slow unless in FAST, skipped
   where the check does not apply, xfail (strict) on a known defect."""
   params = []
   for workload in catalogue.CATALOGUE:
-    for count in replicas:
-      marks = [] if (check, workload.name, count) in FAST else [pytest.mark.slow]
-      if check in workload.not_applicable or not applies(workload):
-        marks.append(pytest.mark.skip(reason=workload.not_applicable.get(
-            check, f"{workload.name} exports nothing to score")))
-      defect = (workload.known_defects.get((check, count))
-                or workload.known_defects.get((check, None)))
+    for shape in shapes:
+      marks = [] if (check, workload.name, shape) in FAST else [pytest.mark.slow]
+      why_not = workload.why_not(check, shape)
+      if why_not or not applies(workload):
+        marks.append(pytest.mark.skip(reason=why_not or f"{workload.name} exports nothing "
+                                                         "to score"))
+      defect = workload.defect(check, shape)
       if defect:
         marks.append(pytest.mark.xfail(strict=True, reason=defect))
-      params.append(pytest.param(workload.name, count, marks=marks,
-                                 id=f"{workload.name}-{count}"))
+      params.append(pytest.param(workload.name, shape, marks=marks,
+                                 id=f"{workload.name}-{shape}"))
   return params
 
 
@@ -49,24 +49,24 @@ def assert_same(actual: dict, expected: dict, atol: float, what: str):
                                err_msg=f"{what}: {key} (largest difference {worst:.3g})")
 
 
-@pytest.mark.parametrize("name, replicas", cells("sigterm"))
-def test_sigterm_resume_equals_uninterrupted(runs, name, replicas):
+@pytest.mark.parametrize("name, shape", cells("sigterm"))
+def test_sigterm_resume_equals_uninterrupted(runs, name, shape):
   """SIGTERM at step 5 -> a checkpoint of the stop step, exit 42; the resumed process's
   next checkpoints equal the uninterrupted run's, model, optimizer and Task state."""
-  reference, _ = runs.uninterrupted(name, replicas)
-  run = runs.interrupted(name, replicas)
+  reference, _ = runs.uninterrupted(name, shape)
+  run = runs.interrupted(name, shape)
   assert run.stopped_at < run.restored < run.killed_after, run  # written after the resume
   assert_same(arrays(run.model_dir, run.restored), arrays(reference, run.restored),
               RESUME_TOLERANCE, f"step {run.restored} after a SIGTERM at {run.stopped_at}")
 
 
-@pytest.mark.parametrize("name, replicas", cells("sigkill"))
-def test_sigkill_resume_equals_uninterrupted(runs, name, replicas):
+@pytest.mark.parametrize("name, shape", cells("sigkill"))
+def test_sigkill_resume_equals_uninterrupted(runs, name, shape):
   """SIGKILL at step 35 loses the steps since the last complete checkpoint; the run that
   resumes from it ends with the uninterrupted run's state, and reports its eval values
   (which see state a checkpoint comparison cannot: EMA weights, a Task's variables)."""
-  reference, expected = runs.uninterrupted(name, replicas)
-  run = runs.interrupted(name, replicas)
+  reference, expected = runs.uninterrupted(name, shape)
+  run = runs.interrupted(name, shape)
   assert run.restored % 10 == 0 and run.restored < run.killed_after, run
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(reference, catalogue.STEPS),
               RESUME_TOLERANCE, f"the end, after a SIGKILL at step {run.killed_after}")
@@ -80,24 +80,25 @@ def _eval_values(summary: dict) -> list[str]:
   return [key for key in summary if key.startswith("eval_") and not key.endswith("_sec")]
 
 
-@pytest.mark.parametrize("name, replicas", cells("replicas_agree", replicas=(2,)))
-def test_replicas_agree_with_sgd(runs, name, replicas):
+@pytest.mark.parametrize("name, shape", cells("shapes_agree", shapes=tuple(SHAPES)[1:]))
+def test_every_shape_trains_the_weights_of_one_replica(runs, name, shape):
   """Plain SGD moves the weights in proportion to the gradient: a reduction missing or
-  counted twice on 2 replicas fails by far more than the tolerance."""
-  one = arrays(runs.sgd(name, 1), catalogue.STEPS)
-  many = arrays(runs.sgd(name, replicas), catalogue.STEPS)
-  start = arrays(runs.sgd(name, 1), 10)
+  counted twice on 2 replicas (mirrored or central storage), or a step XLA compiles
+  differently, fails by far more than the tolerance."""
+  one = arrays(runs.sgd(name, "1"), catalogue.STEPS)
+  other = arrays(runs.sgd(name, shape), catalogue.STEPS)
+  start = arrays(runs.sgd(name, "1"), 10)
   moved = max(np.abs(one[key] - start[key]).max() for key in one if key.startswith("model/"))
   assert moved > 1e-3, f"the weights hardly moved from step 10 ({moved:.2g}): nothing to compare"
-  assert_same(many, one, REPLICA_TOLERANCE, f"{replicas} replicas against 1")
+  assert_same(other, one, REPLICA_TOLERANCE, f"shape {shape} against 1 replica")
 
 
-@pytest.mark.parametrize("name, replicas", cells("eval"))
-def test_eval_equals_mode_eval(runs, name, replicas):
+@pytest.mark.parametrize("name, shape", cells("eval"))
+def test_eval_equals_mode_eval(runs, name, shape):
   """What training reported at its end (summary.json) is what --mode=eval of the saved
   step reports: every value, to 1e-5."""
-  model_dir, summary = runs.uninterrupted(name, replicas)
-  result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], replicas), "--mode=eval")
+  model_dir, summary = runs.uninterrupted(name, shape)
+  result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape), "--mode=eval")
   assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   evaluated = json.loads(result.stdout.strip().splitlines()[-1])
   assert evaluated["step"] == catalogue.STEPS
@@ -107,32 +108,32 @@ def test_eval_equals_mode_eval(runs, name, replicas):
     assert evaluated[key] == pytest.approx(value, abs=EVAL_TOLERANCE), (key, evaluated, summary)
 
 
-@pytest.mark.parametrize("name, replicas",
+@pytest.mark.parametrize("name, shape",
                          cells("export", applies=lambda workload: workload.served is not None))
-def test_export_equals_eval(runs, name, replicas):
+def test_export_equals_eval(runs, name, shape):
   """The SavedModel of the final step, scored on the eval data in numpy, gives what
   eval reported (summary.json), to 1e-5."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  model_dir, summary = runs.uninterrupted(name, replicas)
+  model_dir, summary = runs.uninterrupted(name, shape)
   export_dir = os.path.join(str(model_dir), "export", str(catalogue.STEPS))
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-  scored = catalogue.BY_NAME[name].served(serve, replicas)
+  scored = catalogue.BY_NAME[name].served(serve, SHAPES[shape].replicas)
   for key, value in scored.items():
     assert value == pytest.approx(summary[key], abs=EVAL_TOLERANCE), (key, scored, summary)
 
 
-@pytest.mark.parametrize("name, replicas", cells("refused", replicas=(1,)))
-def test_checkpoint_of_another_workload_is_refused(runs, tmp_path, name, replicas):
+@pytest.mark.parametrize("name, shape", cells("refused", shapes=("1",)))
+def test_checkpoint_of_another_workload_is_refused(runs, tmp_path, name, shape):
   """A step of another workload (other variables and shapes) copied into checkpoints/:
   exit 2, one line, and the step is neither restored nor moved. On 1 replica: the verdict
   reads the step's recorded identity (fixed fields, Task, the saved keys and shapes),
   which no replica count changes (trainer/state/config_changes.py: check_step)."""
   workload = catalogue.BY_NAME[name]
-  donor, _ = runs.uninterrupted(workload.donor, 1)
+  donor, _ = runs.uninterrupted(workload.donor, "1")
   copied = tmp_path / "checkpoints" / str(catalogue.STEPS)
   shutil.copytree(os.path.join(str(donor), "checkpoints", str(catalogue.STEPS)), copied)
   before = sorted(os.listdir(copied))
-  result = trainer_run(tmp_path, *flags(workload, replicas))
+  result = trainer_run(tmp_path, *flags(workload, shape))
   assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   assert len(result.error_lines()) == 1, result.stderr[-3000:]
   assert "Restored checkpoint" not in result.stderr

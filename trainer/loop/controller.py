@@ -150,7 +150,8 @@ class Trainer:
       eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
           lambda batch: (autograph_scope.user_function(self.task.eval_step)(batch), {}), train_spec, "eval_step", replicas,
           self.state.check_step), self.task)
-    self._train_sums = steps.Sums(train_names, list(norms))
+    self._train_sums = steps.Sums(train_names,
+                                  list(norms) if config.train.report_gradient_norm else [])
     self._eval_sums = steps.Sums(eval_names, what="eval_step")
     self._train_names = [name for name in train_names if name != "regularization_loss"]
     self._eval_names = eval_names
