@@ -135,13 +135,20 @@ def test_the_documented_metric_names_are_what_a_run_writes(quickstart):
   with open(quickstart / "metrics.csv", encoding="utf-8") as f:
     written = {f"{row['split']}/{row['name']}" for row in csv.DictReader(f)}
   table = _section("monitoring.md", "| run / tag | what it means |").split("\n\n", 1)[0]
-  documented = {tag for row in table.strip().splitlines()
-                if not re.search(r"Text tab|Images tab|GRAPHS|HPARAMS", row.split("|")[1])
-                for tag in re.findall(r"`((?:train|eval)/\w+)`", row.split("|")[1])}
+  documented, opt_in = set(), set()
+  for row in table.strip().splitlines():
+    tag_cell, meaning = row.split("|")[1:3]
+    if not re.search(r"Text tab|Images tab|GRAPHS|HPARAMS", tag_cell):
+      tags = set(re.findall(r"`((?:train|eval)/\w+)`", tag_cell))
+      # "with `train.FIELD=true`: ...": written only when that field is set (off here).
+      (opt_in if re.match(r"\s*with `[\w.]+=true`", meaning) else documented).update(tags)
   per_loop = _row("monitoring.md", "tensorboard/train/").split("; once:")[0]
+  opt_in |= {f"train/{name}" for name in re.findall(r"`(\w+)` \(with `[\w.]+`\)", per_loop)}
+  per_loop = re.sub(r"`\w+` \(with `[\w.]+`\)", "", per_loop)
   documented |= {f"train/{name}" for name in re.findall(r"`(\w+)`", per_loop)}
-  assert len(documented) >= 10, documented
+  assert len(documented) >= 9 and opt_in, (documented, opt_in)
   assert documented <= written, f"documented, not written: {documented - written}"
+  assert not opt_in & written, f"documented as opt-in, written by default: {opt_in & written}"
 
 
 @pytest.mark.slow
