@@ -16,10 +16,28 @@ import numpy as np
 from tests.cli import REPO
 
 STEPS = 40
-COMMON = ("--config.train.steps=40", "--config.train.global_batch_size=32",
+EVAL_EXAMPLES = 256
+EVAL_BATCH = 100  # 256 eval examples: batches of 100, 100 and a partial 56 (28 per replica)
+# An eval every 10 steps (train_and_eval): the evals of a resumed process read its live
+# state (EMA weights, BatchNorm statistics, a Task's variables), not only what its
+# checkpoints hold, so state left out of a checkpoint changes a logged eval value.
+COMMON = ("--mode=train_and_eval", "--config.eval.interval=10",
+          "--config.train.steps=40", "--config.train.global_batch_size=32",
           "--config.train.steps_per_loop=5", "--config.checkpoint.interval=10",
           "--config.checkpoint.max_to_keep=10", "--config.runtime.deterministic=true",
-          "--config.data.num_train_examples=512", "--config.data.num_eval_examples=256")
+          "--config.data.num_train_examples=512",
+          f"--config.data.num_eval_examples={EVAL_EXAMPLES}",
+          f"--config.eval.global_batch_size={EVAL_BATCH}")
+# What the resume_changed check changes at step 20 (of a run that trained 20 steps
+# with COMMON): every kind of field a resume may change (docs/fault-tolerance.md): the
+# batch size (the data position is counted in examples), the loop length, the eval
+# batch and the learning rate (x 1.5, added per workload: `changed_flags`).
+# Every shape agrees with 1 replica to this after 40 plain-SGD steps unless the workload
+# says otherwise (`agree_within`).
+AGREE_DEFAULT = 1e-6
+CHANGED_AT = 20
+CHANGES = ("--config.train.global_batch_size=64", "--config.train.steps_per_loop=4",
+           "--config.eval.global_batch_size=64")
 # Plain SGD at a small rate: updates proportional to the gradient, so a reduction
 # counted twice (or missing) moves the weights by far more than the rounding of a
 # summation order that depends on the replica count (tests/test_replica_equivalence.py).
@@ -46,6 +64,23 @@ class Workload:
   not_applicable: dict = dataclasses.field(default_factory=dict)
   known_defects: dict = dataclasses.field(default_factory=dict)
   donor: str = "cnn"  # whose checkpoint the refusal check copies in (shapes differ)
+  # shapes_agree: how far each shape's weights may be from 1 replica's after 40 plain-SGD
+  # steps, as measured (tests/guarantees/__init__.py: "Tolerances"); a shape not listed
+  # must agree to AGREE_DEFAULT. Loose enough for the rounding each shape really has,
+  # tight enough that another summation order (threads per op) fails the cell.
+  agree_within: dict = dataclasses.field(default_factory=dict)
+  # resume_changed: a change (CHANGES) the workload cannot make on resume, refused in one
+  # line: {why}; the check then asserts the refusal instead of the trajectory.
+  refuses_change: str | None = None
+
+  def changed_flags(self) -> tuple[str, ...]:
+    """CHANGES and the workload's own learning rate x 1.5 (its last --config.train.learning_rate)."""
+    rates = [flag for flag in self.flags if flag.startswith("--config.train.learning_rate=")]
+    rate = float(rates[-1].split("=", 1)[1]) if rates else 0.02
+    return (*CHANGES, f"--config.train.learning_rate={rate * 1.5:g}")
+
+  def agreement(self, shape: str) -> float:
+    return self.agree_within.get(shape, AGREE_DEFAULT)
 
   def why_not(self, check: str, shape: str) -> str | None:
     return self.not_applicable.get((check, shape)) or self.not_applicable.get(check)
@@ -123,10 +158,13 @@ def _served_sequences(serve, replicas):
 
 def _served_gan(serve, replicas):
   """examples/gan.py's eval draws stateless noise [replica batch, 8] of seed (1, 2) on
-  each replica: one eval batch (256 <= 500) is split evenly, so every replica draws the
-  same 256 / replicas rows; `fake_left_of_zero` is the share of samples with x < 0."""
+  each replica, for each eval batch (100, 100, 56), split evenly over the replicas;
+  `fake_left_of_zero` is the share of samples with x < 0."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  noise = tf.random.stateless_normal([256 // replicas, 8], [1, 2])
+  batches = [min(EVAL_BATCH, EVAL_EXAMPLES - start) for start in range(0, EVAL_EXAMPLES, EVAL_BATCH)]
+  assert all(rows % replicas == 0 for rows in batches), (batches, replicas)
+  noise = tf.concat([tf.random.stateless_normal([rows // replicas, 8], [1, 2])
+                     for rows in batches for _ in range(replicas)], 0)
   samples = serve(noise=noise)["samples"].numpy()
   return {"eval_fake_left_of_zero": float(np.mean(samples[:, 0] < 0))}
 
@@ -187,7 +225,9 @@ CATALOGUE = [
              ("--config=synthetic", "--config.model.name=tests.guarantees.workloads:embedding_gru",
               "--config.data.name=tests.sequence_plugins:numpy_sequences",
               "--config.data.pad_to=longest", *SGD),
-             served=_served_sequences),
+             served=_served_sequences,
+             refuses_change=("length grouping (data.bucket_window) fixes the batches: a "
+                             "resume cannot change train.global_batch_size")),
     # examples/gan.py: two models, two optimizers, noise from step.normal.
     Workload("gan", (f"--config={_GAN}", *SGD), served=_served_gan,
              not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM}),

@@ -7,12 +7,17 @@ step compiled by XLA; a check names the shapes it runs on.
 -> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
 step 35, resumed again to the end; one model_dir, three processes, both resume checks.
 `runs.sgd(name, shape)`: the uninterrupted run, or with the workload's `sgd_flags`.
+`runs.changed(name, shape)` -> Changed: 20 steps, then the fields a resume may change
+changed (catalogue.CHANGES), to the end in one process and SIGTERMed + resumed.
+Every run evaluates every 10 steps (train_and_eval), logged in metrics.csv (`eval_rows`).
 Weights are read in this process with plain orbax (`arrays`).
 """
+import csv
 import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 
 import numpy as np
@@ -53,8 +58,21 @@ SHAPES = {
 }
 
 
+# Layouts that must sum in exactly the order of "1" (checked bit for bit, by
+# test_matrix's `order` check only): one replica in a process of 2 logical devices. Under
+# runtime.deterministic the threads per op are the config's, never the device count's
+# (trainer/cluster/runtime.py threads_per_op_for), so this is "1" to the last bit: a
+# summation order that followed the shape would change it, while staying within the
+# rounding the 2-replica shapes have anyway (measured: 4.5e-8 against 3.0e-8).
+ORDER_SHAPES = {
+    "one_device-of-2": Shape(1, ("--config.runtime.strategy=one_device",
+                                 "--config.runtime.num_cpu_devices=2")),
+}
+
+
 def flags(workload, shape: str, *extra: str) -> list[str]:
-  return [*workload.flags, *catalogue.COMMON, *SHAPES[shape].flags, *extra]
+  layout = SHAPES[shape] if shape in SHAPES else ORDER_SHAPES[shape]
+  return [*workload.flags, *catalogue.COMMON, *layout.flags, *extra]
 
 
 def trainer_run(model_dir, *args: str):
@@ -72,6 +90,18 @@ class Interrupted:
   stopped_at: int    # the step SIGTERM saved (exit 42)
   killed_after: int  # the step logged when SIGKILL came
   restored: int      # the step the run after SIGKILL resumed from
+
+
+@dataclasses.dataclass
+class Changed:
+  """resume_changed: 20 steps as every run, then the workload's `changed_flags()` to the
+  end: `reference` goes on in one process, `resumed` is SIGTERMed after the change (at
+  `stopped_at`) and resumed. `refusal`: the run with the change, when the workload
+  refuses it (the rest None)."""
+  reference: object = None
+  resumed: object = None
+  stopped_at: int = 0
+  refusal: object = None
 
 
 class Runs:
@@ -103,7 +133,7 @@ class Runs:
       with open(os.path.join(model_dir, "summary.json")) as f:
         summary = json.load(f)
       assert summary["step"] == catalogue.STEPS, summary
-      assert summary["num_replicas"] == SHAPES[shape].replicas, summary
+      assert summary["num_replicas"] == {**SHAPES, **ORDER_SHAPES}[shape].replicas, summary
       return model_dir, summary
     return self._once(("uninterrupted", name, shape), make)
 
@@ -144,6 +174,39 @@ class Runs:
       assert restored == on_disk[-1], (restored, on_disk)  # the newest complete step
       return Interrupted(model_dir, stopped_at, 35, restored)
     return self._once(("interrupted", name, shape), make)
+
+  def changed(self, name: str, shape: str) -> "Changed":
+    def make():
+      workload = catalogue.BY_NAME[name]
+      args = flags(workload, shape)
+      first = self._dir(name, shape, "changed_first")
+      result = trainer_run(first, *args, f"--config.train.steps={catalogue.CHANGED_AT}")
+      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      reference, resumed = self._dir(name, shape, "changed"), self._dir(name, shape, "resumed")
+      for copy in (reference, resumed):
+        shutil.copytree(first, copy, dirs_exist_ok=True)
+      changed_args = [*args, *workload.changed_flags()]
+      result = trainer_run(reference, *changed_args)
+      if workload.refuses_change:
+        return Changed(refusal=result)
+      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      stopped = TrainerProcess(resumed, *changed_args, env=ENV)
+      code = stopped.stop_at(rf"step (2[4-9]|3\d)/{catalogue.STEPS}", timeout=TIMEOUT)
+      assert code == 42, f"SIGTERM: exit {code}\n{stopped.output[-3000:]}"
+      stopped_at = int(re.search(r"preempted at step (\d+)", stopped.output).group(1))
+      result = trainer_run(resumed, *changed_args)
+      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      assert f"Restored checkpoint at step {stopped_at}" in result.stderr, result.stderr[-3000:]
+      return Changed(reference, resumed, stopped_at)
+    return self._once(("changed", name, shape), make)
+
+
+def eval_rows(model_dir) -> dict:
+  """metrics.csv's eval values: {(step, name): value} (each step logged once, by the
+  process that ran it: a resume drops the rows past the step it restored)."""
+  with open(os.path.join(str(model_dir), "metrics.csv"), newline="") as f:
+    return {(int(row["step"]), row["name"]): float(row["value"])
+            for row in csv.DictReader(f) if row["split"] == "eval"}
 
 
 @pytest.fixture(scope="session")
