@@ -48,6 +48,18 @@ class UserCodeHung(Exception):
   naming it, the step, and what is on disk."""
 
 
+# How a worker's one line about a lost peer begins; the launcher reads it in the relayed
+# output (a task that lost a peer is not the cause of a group failure: trainer/cluster/launch.py).
+PEER_LOST = "lost a peer worker"
+
+
+class PeerLost(Exception):
+  """A multi-worker run's collective failed because a peer process is gone (killed,
+  crashed, its machine lost): exit 1, one line naming the step, without a traceback
+  (trainer/cluster/peers.py). This worker is not the cause: the launcher (or the
+  cluster) says which one died, and restarts the group from the latest checkpoint."""
+
+
 class Preempted(BaseException):
   """SIGTERM/SIGINT/SIGHUP: exit 42, run the same command again to resume.
 

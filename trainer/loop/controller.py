@@ -358,6 +358,13 @@ class Trainer:
     """The built-ins, the user's, then the checkpoint (it runs last: see _at_boundary)."""
     return [*self._builtin_actions(eval_interval), *self._user_actions, self._save_by_clock]
 
+  @property
+  def step_reached(self) -> int | None:
+    """The step of this run's latest loop boundary (None before its first): where a
+    failure after it is reported."""
+    position = getattr(self, "_position", None)
+    return None if position is None else position.step
+
   def _at_boundary(self, schedule, position: Position, train_metrics: dict,
                    clock_bits: int) -> bool:
     """Runs the actions due at this boundary, in order; returns whether training stops
