@@ -1,6 +1,7 @@
 """Actions for tests/test_actions.py: each FUNCTION(config) -> trainer.Action(s)."""
 import json
 import os
+import sys
 
 import trainer
 
@@ -71,3 +72,37 @@ def raises_in_phase(config):
   def fail(boundary):
     raise RuntimeError("phase work failed")
   return trainer.Action(fail, phase=os.environ["DISTLOOP_TEST_PHASE"], name="raises_in_phase")
+
+
+def exits_at_20(config):
+  """sys.exit(DISTLOOP_TEST_EXIT_CODE) at step 20 ("none": a bare sys.exit()), as a user's
+  "I am done" might: the run must not end behind distloop's back (exit 0, nothing saved)."""
+  del config
+  code = os.environ.get("DISTLOOP_TEST_EXIT_CODE", "0")
+
+  def leave(boundary):
+    if boundary.step == 20:
+      sys.exit(None if code == "none" else int(code))
+  return trainer.Action(leave, every_steps=10, name="exits_at_20")
+
+
+def interrupts_at_20(config):
+  """Raises KeyboardInterrupt at step 20: the run stops as on SIGINT (step 20 saved, exit 42)."""
+  del config
+
+  def interrupt(boundary):
+    if boundary.step == 20:
+      raise KeyboardInterrupt
+  return trainer.Action(interrupt, every_steps=10, name="interrupts_at_20")
+
+
+def interrupts_on_worker_1_at_20(config):
+  """KeyboardInterrupt on the second worker only: every worker stops at step 20, saved."""
+  del config
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  interrupts = task.get("type") == "worker" and task.get("index") == 1
+
+  def maybe_interrupt(boundary):
+    if interrupts and boundary.step == 20:
+      raise KeyboardInterrupt
+  return trainer.Action(maybe_interrupt, every_steps=10, name="interrupts_on_worker_1_at_20")

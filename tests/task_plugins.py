@@ -175,3 +175,19 @@ class ExportsNotAModel(ExportsWrongSpec):
 
   def export(self):
     return trainer.Export(self.optimizer)
+
+
+class ExitsInExport(ExportsWrongSpec):
+  """export() calls sys.exit(0): an "I am done" that ended the run with exit 0, untrained."""
+
+  def export(self):
+    import sys  # pylint: disable=g-import-not-at-top
+    sys.exit(0)
+
+
+class ExitsInStep(_Base):
+  """train_step calls sys.exit(0) as it is traced (Python runs once, at trace time)."""
+
+  def train_step(self, batch, step):
+    import sys  # pylint: disable=g-import-not-at-top
+    sys.exit(0)

@@ -93,7 +93,7 @@ _MULTI = ["--config=synthetic", "--config.train.steps=60", "--config.train.globa
           "--config.runtime.strategy=multi_worker_mirrored"]
 
 
-def _two_workers(model_dir, *flags):
+def _two_workers(model_dir, *flags, exit_code=0):
   from tests.processes import TrainerProcess, loopback_only  # pylint: disable=g-import-not-at-top
   config = [f for f in flags if f.startswith("--config=")] or ["--config=synthetic"]
   rest = [f for f in flags if not f.startswith("--config=")]
@@ -101,7 +101,7 @@ def _two_workers(model_dir, *flags):
                        *_MULTI[1:], *rest,
                        module="trainer.launch", prefix=loopback_only())
   try:
-    assert job.wait(timeout=240) == 0, job.output[-3000:]
+    assert job.wait(timeout=240) == exit_code, job.output[-3000:]
   finally:
     job.kill()
   return job.output
@@ -188,3 +188,79 @@ def test_a_decision_at_a_phase_is_refused_in_one_line_naming_it(tmp_path, phase)
   assert message.startswith(f"action 'stops_at_a_phase' (phase={phase!r}) returned 'stop' at "
                             f"step "), message
   assert "which a phase cannot honour" in message and "\n" not in message
+
+
+_AT_BOUNDARIES = ["--config=synthetic", "--config.train.steps=40",
+                  "--config.train.steps_per_loop=10", "--config.checkpoint.interval=10",
+                  "--config.model.conv_filters=8", "--config.model.dense_units=16",
+                  "--config.data.num_train_examples=256", "--config.data.num_eval_examples=64"]
+
+
+def _resumes_from_20_and_finishes(model_dir, *flags):
+  again = run_trainer(model_dir, *_AT_BOUNDARIES, *flags)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert re.search(r"from step 20 to 40", again.stderr), again.stderr[-3000:]
+  assert json.loads((model_dir / "summary.json").read_text())["step"] == 40
+
+
+@pytest.mark.parametrize("code", ["0", "3"])
+def test_an_action_calling_sys_exit_fails_the_run_in_one_line_with_its_step_saved(tmp_path,
+                                                                                  code):
+  """Issue 43: sys.exit(0) in an Action at step 20 of 40 ended the run with exit 0 ("done")
+  and no line, no summary.json, steps 11-20 lost; sys.exit(3) exited 3 silently. Now: step
+  20 saved, one line naming the action and the step, exit 1; the same command resumes."""
+  model_dir = tmp_path / "run"
+  flags = [f"--config.train.actions={_PLUGINS}:exits_at_20"]
+  result = run_trainer(model_dir, *_AT_BOUNDARIES, *flags,
+                       env={"DISTLOOP_TEST_EXIT_CODE": code})
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  lines = [line for line in result.error_lines() if "distloop: error" in line]
+  assert len(lines) == 1, result.stderr[-3000:]
+  assert lines[0].startswith(f"distloop: error: action 'exits_at_20' called sys.exit({code}) "
+                             f"at step 20 (action_plugins.py:"), lines[0]
+  assert "an Action cannot end the run" in lines[0] and "step 20 is saved" in lines[0], lines[0]
+  assert "20" in os.listdir(model_dir / "checkpoints")
+  assert not (model_dir / "summary.json").exists()
+  _resumes_from_20_and_finishes(model_dir, *flags)
+
+
+def test_an_action_raising_keyboard_interrupt_stops_the_run_as_sigint_does(tmp_path):
+  """Issue 43: an Action raising KeyboardInterrupt gave a traceback and exit 130 with step
+  20 unsaved; a real SIGINT saves it and exits 42. Now the same as SIGINT."""
+  model_dir = tmp_path / "run"
+  flags = [f"--config.train.actions={_PLUGINS}:interrupts_at_20"]
+  result = run_trainer(model_dir, *_AT_BOUNDARIES, *flags)
+  assert result.returncode == 42, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "preempted at step 20; its checkpoint is on disk" in result.stderr, result.stderr[-3000:]
+  assert "action 'interrupts_at_20' raised KeyboardInterrupt at step 20" in result.stderr
+  assert "20" in os.listdir(model_dir / "checkpoints")
+  _resumes_from_20_and_finishes(model_dir, *flags)
+
+
+def test_the_stop_line_names_who_decided_in_plain_words():
+  """Issue 43 (low): a worker that did not decide logged "action an action on another
+  worker decided to stop" (the name pasted after "action")."""
+  from trainer.loop import actions  # pylint: disable=g-import-not-at-top
+  assert actions.stop_line("stop_at_40", 40) == (
+      "action stop_at_40 decided to stop at step 40: saved; finishing as at the last step")
+  assert actions.stop_line(None, 40) == (
+      "an action on another worker decided to stop at step 40: saved; finishing as at the "
+      "last step")
+
+
+@pytest.mark.slow
+def test_two_workers_stop_at_the_step_where_an_action_on_one_raises_keyboard_interrupt(
+    tmp_path):
+  """The interrupt is agreed after the boundary's actions, as a signal there is: every
+  worker stops at step 20 with it saved (not at the next boundary), the job exits 42."""
+  from tests.processes import loopback_unavailable  # pylint: disable=g-import-not-at-top
+  if loopback_unavailable():
+    pytest.skip(loopback_unavailable())
+  output = _two_workers(tmp_path / "run", f"--config.train.actions={_PLUGINS}:"
+                        f"interrupts_on_worker_1_at_20", exit_code=42)
+  for worker in ("worker-0", "worker-1"):
+    assert re.search(rf"\[{worker}\].*preempted at step 20; its checkpoint is on disk",
+                     output), output[-3000:]
+  assert "20" in os.listdir(tmp_path / "run" / "checkpoints")

@@ -171,8 +171,8 @@ def test_parameter_server_cluster_and_chief_success_stops_servers(state_dir):
 def test_crashed_worker_restarts_the_group(state_dir):
   result = _launch(state_dir, "--num_workers=2", task_flags=["--task=worker-1=crash_once"])
   assert result.returncode == 0, result.stderr
-  assert ("[launch] worker-1 exited with -9 (SIGKILL); restarting the group (restart 1 of 3)"
-          in result.stderr)
+  assert re.search(r"\[launch\] worker-1 \(pid \d+\) was killed by SIGKILL; restarting the "
+                   r"group \(restart 1 of 3\) from the latest checkpoint\n", result.stderr)
   starts = _starts(state_dir)
   assert len(starts["worker-0"]) == 2 and len(starts["worker-1"]) == 2
   clusters = re.findall(r"\[worker-0\] task worker 0 of cluster (.*) ready", result.stdout)
@@ -186,8 +186,8 @@ def test_gives_up_after_max_restarts(state_dir):
                    task_flags=["--task=worker-1=crash"])
   assert result.returncode == 1, result.stderr
   assert "restarting the group (restart 1 of 1)" in result.stderr
-  assert ("[launch] worker-1 exited with -9 (SIGKILL); giving up after 1 restarts "
-          "(--max_restarts=1)" in result.stderr)
+  assert re.search(r"\[launch\] worker-1 \(pid \d+\) was killed by SIGKILL; giving up after "
+                   r"1 restarts \(--max_restarts=1\)", result.stderr)
   assert len(_starts(state_dir)["worker-1"]) == 2
 
 
@@ -255,7 +255,7 @@ def test_dead_worker_server_restarts_alone_on_its_port(state_dir):
   process = _start(state_dir, "--num_workers=2", "--num_ps=1",
                    task_flags=["--then=until_go", "--task=worker-1=crash_once"])
   try:
-    process.wait_for(r"\[launch\] worker-1 died \(exited with -9 \(SIGKILL\)\); "
+    process.wait_for(r"\[launch\] worker-1 \(pid \d+\) was killed by SIGKILL; "
                      r"restarting it \(restart 1 of 3\)", timeout=20)
     _wait_ready(process, {"worker-1"})
     (state_dir / "go").touch()  # now the chief may finish
@@ -274,7 +274,7 @@ def test_dead_ps_restarts_the_group(state_dir):
   process = _start(state_dir, "--num_workers=1", "--num_ps=1",
                    task_flags=["--then=until_go", "--task=ps-0=crash_once"])
   try:
-    process.wait_for(r"\[launch\] ps-0 died \(exited with -9 \(SIGKILL\)\); "
+    process.wait_for(r"\[launch\] ps-0 \(pid \d+\) was killed by SIGKILL; "
                      r"restarting the group \(restart 1 of 3\)", timeout=20)
     _wait_ready(process, {"chief-0", "worker-0", "ps-0"})
     (state_dir / "go").touch()
@@ -288,7 +288,8 @@ def test_failed_chief_restarts_the_group(state_dir):
   result = _launch(state_dir, "--num_workers=1", "--num_ps=1",
                    task_flags=["--task=chief-0=crash_once"])
   assert result.returncode == 0, result.stderr
-  assert "[launch] chief-0 exited with -9 (SIGKILL); restarting the group" in result.stderr
+  assert re.search(r"\[launch\] chief-0 \(pid \d+\) was killed by SIGKILL; restarting the "
+                   r"group", result.stderr)
   assert len(_starts(state_dir)["chief-0"]) == 2
 
 
@@ -404,3 +405,76 @@ def test_bad_num_evaluators_exits_2_with_one_line(state_dir, launcher_flags):
   lines = result.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("distloop.launch: error: "), result.stderr
   assert not _starts(state_dir)
+
+
+# -- which task the launcher blames for a group failure -----------------------------
+
+
+class _Ended:
+  """A task's process as the launcher polls it once it has ended."""
+
+  def __init__(self, pid: int, code: int):
+    self.pid, self.returncode = pid, code
+
+  def poll(self):
+    return self.returncode
+
+  def send_signal(self, signum):
+    del signum
+
+  def wait(self, timeout=None):
+    del timeout
+    return self.returncode
+
+
+def _ended_task(index: int, code: int, *, ended_at: float, lost_peer=False, last_step=None):
+  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
+  task = launch.Task("worker", index, "", _Ended(100 + index, code))
+  task.output_closed = [ended_at, ended_at]  # stdout and stderr closed: it exited then
+  task.lost_peer, task.last_step = lost_peer, last_step
+  return task
+
+
+@pytest.mark.parametrize("worker_0, worker_1, blamed", [
+    # worker-1 SIGKILLed; worker-0's collective failed on it, in the same poll.
+    (dict(code=1, ended_at=1.0, lost_peer=True, last_step=30),
+     dict(code=-9, ended_at=2.0, last_step=30),
+     "worker-1 (pid 101) was killed by SIGKILL after logging step 30"),
+    # The same, before worker-0's last line was read: death by a signal is the cause.
+    (dict(code=1, ended_at=1.0), dict(code=-9, ended_at=2.0),
+     "worker-1 (pid 101) was killed by SIGKILL"),
+    # Both exited 1: the one that says it lost a peer is not the cause.
+    (dict(code=1, ended_at=1.0, lost_peer=True), dict(code=1, ended_at=2.0, last_step=5),
+     "worker-1 (pid 101) exited with 1 after logging step 5"),
+    # Both exited 1, neither said why: the first to exit.
+    (dict(code=1, ended_at=2.0), dict(code=1, ended_at=1.0),
+     "worker-1 (pid 101) exited with 1"),
+    # worker-0 was killed: blamed, whatever the task order.
+    (dict(code=-9, ended_at=2.0), dict(code=1, ended_at=1.0, lost_peer=True),
+     "worker-0 (pid 100) was killed by SIGKILL"),
+], ids=["killed-and-survivor-lost-peer", "killed-and-survivor-unread", "lost-peer-is-no-cause",
+        "first-to-exit", "worker-0-killed"])
+def test_a_group_failure_blames_the_first_task_to_fail(worker_0, worker_1, blamed):
+  """Catches: `worker-0 exited with 1` when worker-1 was SIGKILLed and worker-0's
+  collective then failed on it (both seen in one poll, the first in task order blamed)."""
+  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
+  launcher = launch.Launcher("trainer", [], num_workers=2, num_ps=0, max_restarts=1)
+  launcher.tasks = [_ended_task(0, **worker_0), _ended_task(1, **worker_1)]
+  with pytest.raises(launch.GroupFailed) as failure:
+    launcher._check_synchronous()  # pylint: disable=protected-access
+  assert str(failure.value) == blamed
+
+
+def test_the_relay_notes_the_last_step_and_a_lost_peer():
+  """What the launcher's line about a failure says comes from the task's own output."""
+  import io  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
+  task = launch.Task("worker", 0, "")
+  pipe = io.BytesIO(b"I1128 06:16:12.7 progress.py:89] step 30/60 | epoch 1.44 | loss 1.9\n"
+                    b"I1128 06:16:12.8 controller.py:499] checkpoint at step 40 started\n"
+                    b"distloop: error: lost a peer worker at step 30 (UnavailableError: "
+                    b"Collective ops is aborted by: Socket closed): ...\n")
+  stream = io.StringIO()
+  launch._relay(pipe, stream, task)  # pylint: disable=protected-access
+  assert task.last_step == 30 and task.lost_peer and len(task.output_closed) == 1
+  assert stream.getvalue().splitlines()[0].startswith("[worker-0] I1128")

@@ -97,6 +97,38 @@ def test_a_killed_worker_restarts_the_group_on_the_same_trajectory(tmp_path, two
 
 
 @needs_loopback
+def test_a_sigkilled_worker_is_named_in_one_line_and_the_survivor_says_it_lost_it(tmp_path):
+  """Catches (issue 43): the launcher blaming the survivor (`worker-0 exited with 1`: its
+  collective failed on the killed worker-1, both seen in one poll) and the survivor's
+  55-line gRPC traceback instead of one line."""
+  flags = ["--config=synthetic", "--config.model.conv_filters=8", "--config.model.dense_units=16",
+           "--config.train.steps=400", "--config.train.steps_per_loop=5",
+           "--config.checkpoint.interval=50", "--config.data.num_train_examples=1000",
+           "--config.data.num_eval_examples=200"]
+  job = _launch(tmp_path, "--num_workers=2", "--max_restarts=1", trainer_flags=flags)
+  try:
+    job.wait_for(r"\[worker-1\].*step 50/", timeout=_HANG)
+    killed = _pid_of(job, "worker-1")
+    os.kill(killed, signal.SIGKILL)  # mid-training: 350 steps to go
+  except BaseException:
+    job.kill()
+    raise
+  assert job.finish(_HANG) == 0, job.output[-3000:]  # after one restart
+  restarts = [line for line in job.lines if line.startswith("[launch] ") and "restart" in line]
+  assert len(restarts) == 1 and re.fullmatch(
+      rf"\[launch\] worker-1 \(pid {killed}\) was killed by SIGKILL after logging step \d+; "
+      r"restarting the group \(restart 1 of 1\) from the latest checkpoint\n", restarts[0]), (
+          job.output[-3000:])
+  assert "Traceback" not in job.output, job.output[-6000:]
+  survivor = [line for line in job.lines if line.startswith("[worker-0] distloop: error:")]
+  assert len(survivor) == 1 and re.match(
+      r"\[worker-0\] distloop: error: lost a peer worker at step \d+ \(\w+Error: .+\): the "
+      r"launcher or the cluster restarts the group from the latest checkpoint$", survivor[0]), (
+          job.output[-3000:])
+  assert json.loads((tmp_path / "summary.json").read_text())["step"] == 400
+
+
+@needs_loopback
 def test_sigterm_stops_every_worker_at_one_step_and_one_process_resumes(tmp_path, two_replicas):
   job = _launch(tmp_path, "--num_workers=2")
   assert job.stop_at(r"\[worker-0\].*step 25/") == 42, job.output[-3000:]

@@ -35,6 +35,12 @@ _CASES = {
                                 ["ExportsWrongSpec.export() cannot be served with input_spec "
                                  "(None, 5)", "Expected shape (None, 28, 28, 1)",
                                  "refused before training"], None),
+    # Issue 43: sys.exit(0) there ended the run with exit 0 ("done"), untrained, no line.
+    "export_calls_sys_exit": ([f"--config.train.task={_TASKS}:ExitsInExport"], {}, 2,
+                              ["ExitsInExport.export called sys.exit(0) (task_plugins.py:"],
+                              None),
+    "step_calls_sys_exit": ([f"--config.train.task={_TASKS}:ExitsInStep"], {}, 2,
+                            ["ExitsInStep's step called sys.exit(0) while tracing"], None),
 }
 _SLOW_CASES = {
     **{f"action_in_{phase}": (*_phase(phase), 1,

@@ -165,9 +165,16 @@ def _already_finished(model_dir: str, config) -> bool:
 def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
               splits, task, actions, config_source: str):
   from trainer.loop import controller  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import peers  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
-  trainer = controller.Trainer(config, model_dir, strategy, splits, task=task, actions=actions,
-                         read_only=not training)
+  try:
+    trainer = controller.Trainer(config, model_dir, strategy, splits, task=task,
+                                 actions=actions, read_only=not training)
+  except Exception as e:  # pylint: disable=broad-except
+    lost = peers.lost(strategy, e, step=None)
+    if lost is None:
+      raise
+    raise lost from e  # a peer is gone: one line, not this worker's traceback
   preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
   try:
     if training:
@@ -193,6 +200,12 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
   except UserCodeError as e:  # the user's Task or Action failed at run time
     trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
     raise e.after_saves(trainer.train_state.latest_step()) from None
+  except Exception as e:  # pylint: disable=broad-except
+    step = trainer.step_reached
+    lost = peers.lost(strategy, e, trainer.train_state.latest_step() if step is None else step)
+    if lost is None:
+      raise
+    raise lost from e  # a peer is gone: one line, not this worker's traceback
   finally:
     trainer.close()
 

@@ -31,7 +31,12 @@ class StorageError(Exception):
 class UserCodeError(Exception):
   """A user's Task or Action failed at run time (an assertion in its step, an Action
   raising): exit 1, one line naming it, the step, and the last checkpoint, which is
-  intact (trainer/task/user_code.py)."""
+  intact (trainer/task/user_code.py). `saved_step`: the step it failed at, saved before
+  the error was raised (an Action that called sys.exit)."""
+
+  def __init__(self, message: str, *, saved_step: int | None = None):
+    super().__init__(message)
+    self.saved_step = saved_step
 
   def after_saves(self, last_step: int | None) -> "UserCodeError":
     """This error, its line ending with the run's last checkpoint (`last_step`), once
@@ -39,6 +44,9 @@ class UserCodeError(Exception):
     if last_step is None:
       return UserCodeError(f"{self}; no checkpoint yet: fix it and run the same command "
                            f"again")
+    if last_step == self.saved_step:
+      return UserCodeError(f"{self}; step {last_step} is saved: fix it and run the same "
+                           f"command again to resume from there")
     return UserCodeError(f"{self}; the last checkpoint, step {last_step}, is intact: fix it "
                          f"and run the same command again to resume from there")
 
@@ -46,6 +54,18 @@ class UserCodeError(Exception):
 class UserCodeHung(Exception):
   """A user's Action did not return within train.action_timeout_seconds: exit 1, one line
   naming it, the step, and what is on disk."""
+
+
+# How a worker's one line about a lost peer begins; the launcher reads it in the relayed
+# output (a task that lost a peer is not the cause of a group failure: trainer/cluster/launch.py).
+PEER_LOST = "lost a peer worker"
+
+
+class PeerLost(Exception):
+  """A multi-worker run's collective failed because a peer process is gone (killed,
+  crashed, its machine lost): exit 1, one line naming the step, without a traceback
+  (trainer/cluster/peers.py). This worker is not the cause: the launcher (or the
+  cluster) says which one died, and restarts the group from the latest checkpoint."""
 
 
 class Preempted(BaseException):

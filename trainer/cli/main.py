@@ -34,7 +34,8 @@ from trainer.task import epochs
 from trainer.task import validation
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
-from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeError, UserCodeHung
+from trainer.errors import NonFiniteError, PeerLost, Preempted, StorageError, UserCodeError
+from trainer.errors import UserCodeHung
 from trainer.errors import UserError
 from trainer.errors import exit_code
 
@@ -104,7 +105,7 @@ def _one_line(error: Exception) -> bool:
   """Errors whose message is the whole story (no traceback)."""
   return isinstance(error, (UserError, input_pipelines.DataError, NonFiniteError,
                             continuous_eval.Unfinished, StorageError, UserCodeError,
-                            UserCodeHung))
+                            UserCodeHung, PeerLost))
 
 
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:

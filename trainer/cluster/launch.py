@@ -30,7 +30,15 @@ starting up) make the job 42 unless all of them finished (0): the latest complet
 checkpoint is on disk and the same command resumes from it. A worker still running
 60 s after another one ended (stuck in a collective on it) is killed, and one that fails
 (its collective aborted) after another exited 42 leaves the job 42: the launcher ends
-when its processes end. A trainer flag
+when its processes end.
+
+When a worker dies or fails, the launcher says in one line which one caused it and how
+(`worker-1 (pid N) was killed by SIGKILL after logging step 200; restarting the group
+(restart 1 of 3) from the latest checkpoint`): the survivors' collectives fail on the one
+gone, so several may end in the same poll; the cause is the one killed by a signal,
+else the first to exit, never one that said it lost a peer (trainer/cluster/peers.py).
+The survivors get _SURVIVOR_SEC to end by themselves (each says in one line that it
+lost a peer) before the group is killed and restarted. A trainer flag
 --preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
 exit N when preempted, and so does the job.
 """
@@ -38,6 +46,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,6 +66,12 @@ _GRACE_SEC = 5.0  # servers get SIGTERM, then SIGKILL after this
 # one left may wait forever in a collective on the one gone (a user's Action that blocked
 # on one worker: trainer/task/user_code.py); then it is killed and the job is preempted.
 _STRAGGLER_SEC = 60.0  # longer than a preemption save: the chief may still be writing
+# After a synchronous worker failed, the others have this long to end by themselves (their
+# collective on it fails at once when its sockets close) before they are killed.
+_SURVIVOR_SEC = 3.0
+_PIPES = 2  # stdout and stderr: a task's output ended when both closed (it exited)
+# The progress line a trainer logs after each loop (trainer/loop/progress.py).
+_STEP_LOGGED = re.compile(r"\] step (\d+)/\d+ \|")
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
@@ -89,15 +104,28 @@ def _log(message: str) -> None:
   _emit(sys.stderr, f"[launch] {message}")
 
 
-def _relay(pipe, stream, prefix: str) -> None:
+def _relay(pipe, stream, task: "Task") -> None:
+  """Copies a task's output, prefixed with its name; notes what the launcher's line about
+  its failure uses: the last step it logged, whether it said it lost a peer, and when its
+  output ended (both pipes close when it exits: the order of exits, finer than a poll)."""
+  prefix = f"[{task.name}] "
   with pipe:
     for raw in iter(pipe.readline, b""):
-      _emit(stream, prefix + raw.decode(errors="replace"))
+      line = raw.decode(errors="replace")
+      step = _STEP_LOGGED.search(line)
+      if step:
+        task.last_step = int(step.group(1))
+      if errors.PEER_LOST in line:
+        task.lost_peer = True
+      _emit(stream, prefix + line)
+  task.output_closed.append(time.monotonic())
 
 
 def _describe(code: int) -> str:
-  name = _SIGNAL_NAMES.get(-code)
-  return f"exited with {code}" + (f" ({name})" if name else "")
+  """"exited with 1", "was killed by SIGKILL"."""
+  if code >= 0:
+    return f"exited with {code}"
+  return f"was killed by {_SIGNAL_NAMES.get(-code, f'signal {-code}')}"
 
 
 def _core_share(processes: int) -> dict:
@@ -146,10 +174,36 @@ class Task:
   index: int
   address: str
   process: subprocess.Popen | None = None
+  # Of the current process, from its output (_relay):
+  last_step: int | None = None  # the last step it logged
+  lost_peer: bool = False  # it said its collective failed on a peer that is gone
+  output_closed: list[float] = dataclasses.field(default_factory=list)  # per pipe, when
+  relays: list[threading.Thread] = dataclasses.field(default_factory=list)
 
   @property
   def name(self) -> str:
     return f"{self.type}-{self.index}"
+
+  @property
+  def ended_at(self) -> float:
+    """When its output ended (it exited); infinity while it has not (yet) been read to
+    the end."""
+    return max(self.output_closed) if len(self.output_closed) >= _PIPES else float("inf")
+
+  def ended(self) -> str:
+    """One phrase: who and how, e.g. "worker-1 (pid 7) was killed by SIGKILL after logging
+    step 200"."""
+    step = f" after logging step {self.last_step}" if self.last_step is not None else ""
+    return f"{self.name} (pid {self.process.pid}) {_describe(self.process.returncode)}{step}"
+
+
+def first_failure(failed: list[Task]) -> Task:
+  """The task whose end made the others fail, among those that failed in one poll (0.1
+  s): a worker killed or crashed makes its peers' collectives fail within milliseconds.
+  Not one that said it lost a peer; one killed by a signal before one that exited
+  (its peers' exit 1 follows from it); then the first to exit; then the task order."""
+  return min(failed, key=lambda task: (task.lost_peer, task.process.returncode >= 0,
+                                       task.ended_at))
 
 
 class Launcher:
@@ -188,12 +242,14 @@ class Launcher:
         try:
           code = self._watch()
         except GroupFailed as failure:
+          if not self.num_ps:  # servers serve until killed: none would end by itself
+            self._await_survivors()
           self._stop(signal.SIGKILL)  # survivors may hang in a collective on the dead peer
           if not self._may_restart(str(failure)):
             self._finish_evaluators(EXIT_FAILURE)
             return EXIT_FAILURE
           _log(f"{failure}; restarting the group (restart {self.restarts} of "
-               f"{self.max_restarts})")
+               f"{self.max_restarts}) from the latest checkpoint")
           continue
         # Parameter servers serve until told to stop; workers left after an exit 2 may
         # hang in a collective.
@@ -229,6 +285,7 @@ class Launcher:
     tf_config = {"cluster": self._cluster, "task": {"type": task.type, "index": task.index}}
     env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1",
            **_core_share(len(self.tasks) + len(self.evaluators))}
+    task.last_step, task.lost_peer, task.output_closed, task.relays = None, False, [], []
     # A session of its own: Ctrl-C in a terminal reaches the launcher only, which decides
     # who gets it (not the parameter servers, which would die under the coordinator).
     task.process = subprocess.Popen(self.command, env=env, cwd=os.getcwd(),
@@ -236,8 +293,9 @@ class Launcher:
                                     start_new_session=True, preexec_fn=_die_with(os.getpid()))
     _log(f"started {task.name} (pid {task.process.pid}) at {task.address}")
     for pipe, stream in ((task.process.stdout, sys.stdout), (task.process.stderr, sys.stderr)):
-      relay = threading.Thread(target=_relay, args=(pipe, stream, f"[{task.name}] "), daemon=True)
+      relay = threading.Thread(target=_relay, args=(pipe, stream, task), daemon=True)
       relay.start()
+      task.relays.append(relay)
       self._relays.append(relay)
 
   def _watch(self) -> int:
@@ -253,13 +311,14 @@ class Launcher:
   def _check_synchronous(self) -> int | None:
     """MultiWorkerMirrored: the workers finish (0) or stop (42) together, or not at all."""
     codes = [task.process.poll() for task in self.tasks]
-    for task, code in zip(self.tasks, codes):
-      if code == EXIT_BAD_INPUT:
-        return code  # bad input is the same on a retry
-      if code not in (None, EXIT_OK, self.preempted) and not self._stopped_by_signal(code):
-        if self._stopping and self.preempted in codes:
-          continue  # its collective failed on a peer that stopped (42): the job is preempted
-        raise GroupFailed(f"{task.name} {_describe(code)}")
+    if EXIT_BAD_INPUT in codes:
+      return EXIT_BAD_INPUT  # bad input is the same on a retry
+    failed = [task for task, code in zip(self.tasks, codes)
+              if code not in (None, EXIT_OK, self.preempted) and not self._stopped_by_signal(code)]
+    # A failure after a peer stopped (42) is its collective on that peer: the job is preempted.
+    if failed and not (self._stopping and self.preempted in codes):
+      self._read_to_the_end(failed)
+      raise GroupFailed(first_failure(failed).ended())
     if None in codes:
       if self._stopping and any(code is not None for code in codes):
         now = time.monotonic()
@@ -278,6 +337,22 @@ class Launcher:
       raise GroupFailed(f"the workers disagree: exit codes {codes}")
     return codes[0]
 
+  def _read_to_the_end(self, tasks: list[Task]) -> None:
+    """Waits (1 s at most) for the relays of tasks that exited to read their last lines:
+    what first_failure weighs (a task's output closes as it exits)."""
+    deadline = time.monotonic() + 1.0
+    for relay in (relay for task in tasks for relay in task.relays):
+      relay.join(timeout=max(deadline - time.monotonic(), 0))
+
+  def _await_survivors(self) -> None:
+    """After a worker failed, the others' collectives on it fail too: up to _SURVIVOR_SEC
+    for them to end by themselves, each with its one line about the lost peer (one stuck
+    in a collective, on a machine gone without closing its sockets, is killed after)."""
+    deadline = time.monotonic() + _SURVIVOR_SEC
+    while (any(task.process.poll() is None for task in self.tasks)
+           and time.monotonic() < deadline):
+      time.sleep(_POLL_SEC)
+
   def _stopped_by_signal(self, code: int) -> bool:
     """Died of a signal we forwarded (before its handler was installed): preempted."""
     return self._stopping and -code in self._forwarded
@@ -291,7 +366,7 @@ class Launcher:
     if code is not None and self._stopped_by_signal(code):
       return self.preempted
     if code is not None:
-      raise GroupFailed(f"{chief.name} {_describe(code)}")
+      raise GroupFailed(chief.ended())
     if self._stopping:
       return None  # the coordinator is saving; servers are its business until it exits
     for task in servers:
@@ -300,7 +375,7 @@ class Launcher:
         return code
       if code is None:
         continue
-      failure = f"{task.name} died ({_describe(code)})"
+      failure = task.ended()
       if task.type == "ps":  # variables are lost: the chief must restore them
         raise GroupFailed(failure)
       if not self._may_restart(failure):

@@ -26,7 +26,9 @@ bare signal death. What the handler does, and who reads the flag when, is per ph
 - user code at a boundary (an Action) runs in a thread of its own while the main
   thread watches the flag (`bounded`): one that has not
   returned a few seconds after the signal is left running, the boundary's step is
-  saved (one process) and the run exits 42, as a hung plug-in at start-up does;
+  saved (one process) and the run exits 42, as a hung plug-in at start-up does. One
+  that raises KeyboardInterrupt sets the flag (`request`): a stop as on SIGINT, agreed
+  right after the boundary's actions, that step saved;
 - after the loop: agreed checks before the final eval and before the export.
   A signal during the export lets it finish (seconds) and the run exits 0.
 
@@ -171,6 +173,19 @@ def _arm_watchdog(stop: Preempted) -> None:
   watchdog = threading.Timer(_WATCHDOG_SECONDS, expire)
   watchdog.daemon = True
   watchdog.start()
+
+
+def request(why: str) -> None:
+  """Asks the run to stop as a signal does (the flag; `why` logged as the signal's name
+  is): user code at a boundary raising KeyboardInterrupt, which would otherwise end the
+  process with a traceback and the step unsaved."""
+  if _requested.is_set():
+    logging.warning("%s: already stopping", why)
+    return
+  _requested.set()
+  logging.warning("%s: stopping as on SIGINT, at the next safe point (a loop boundary, or "
+                  "the end of the current phase), then exiting %d", why,
+                  errors.preempted_exit_code())
 
 
 def requested() -> bool:

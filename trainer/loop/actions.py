@@ -27,7 +27,9 @@ A user's Action runs in a thread of its own while the main thread keeps the sign
 protocol (trainer/task/user_code.py `bounded`): one that blocks cannot keep the job
 from ending. A signal ends it within seconds (the boundary's step saved, exit 42);
 one that has not returned after train.action_timeout_seconds ends the run (exit 1),
-in one line naming it and the step.
+in one line naming it and the step. Nor can it end the process: sys.exit there is a
+failure (its step saved, one line, exit 1), KeyboardInterrupt a stop as on SIGINT
+(its step saved, exit 42): trainer/loop/controller.py `_run_user_action`.
 
 distloop's own periodic work -- the progress line and TensorBoard, eval, keep-best,
 the checkpoint by steps and by clock, the profile window -- is made of the same
@@ -45,6 +47,16 @@ from trainer.errors import UserCodeError, UserError
 
 DECISIONS = ("stop", "save")
 PHASES = ("restored", "eval", "export", "summary")
+# Who stopped the run (summary.json's stopped_early_by) on a worker whose own actions did not
+# decide "stop": the decision was agreed from another's.
+ANOTHER_WORKERS = "an action on another worker"
+
+
+def stop_line(decided_by: str | None, step: int) -> str:
+  """The log line of an agreed "stop" at `step`: `decided_by` is the name of this worker's
+  action that decided it, None where only another worker's did."""
+  who = f"action {decided_by}" if decided_by else ANOTHER_WORKERS
+  return f"{who} decided to stop at step {step}: saved; finishing as at the last step"
 
 
 @dataclasses.dataclass

@@ -358,6 +358,13 @@ class Trainer:
     """The built-ins, the user's, then the checkpoint (it runs last: see _at_boundary)."""
     return [*self._builtin_actions(eval_interval), *self._user_actions, self._save_by_clock]
 
+  @property
+  def step_reached(self) -> int | None:
+    """The step of this run's latest loop boundary (None before its first): where a
+    failure after it is reported."""
+    position = getattr(self, "_position", None)
+    return None if position is None else position.step
+
   def _at_boundary(self, schedule, position: Position, train_metrics: dict,
                    clock_bits: int) -> bool:
     """Runs the actions due at this boundary, in order; returns whether training stops
@@ -378,9 +385,14 @@ class Trainer:
         user_ran = True
         if decision:
           decided.setdefault(decision, action.name)
-    stop = save = False
+    stop = save = preempted = False
     if user_ran:  # the same boundaries on every worker: one collective, all decide alike
-      stop, save = self.agreement.any_of_each(["stop" in decided, "save" in decided])
+      # A stop asked while they ran (a signal, an Action's KeyboardInterrupt) is agreed
+      # here too: this step is saved, not the next boundary's.
+      stop, save, preempted = self.agreement.any_of_each(
+          ["stop" in decided, "save" in decided, preemption.requested()])
+    if preempted:
+      self._save_and_stop(position)
     if stop:  # finish as at the last step: its at_end actions (the final eval first)
       boundary.final = True
       for action in schedule.due_when_stopping(boundary, ran, last=self._save_by_clock):
@@ -394,33 +406,33 @@ class Trainer:
                                                evaluated=False, clock_due=clock_due):
       self._save_by_clock.run(boundary)
     if stop:
-      self._stopped_by = decided.get("stop", "an action on another worker")
-      logging.info("action %s decided to stop at step %d: saved; finishing as at the last "
-                   "step", self._stopped_by, position.step)
+      self._stopped_by = decided.get("stop", actions_module.ANOTHER_WORKERS)
+      logging.info("%s", actions_module.stop_line(decided.get("stop"), position.step))
     return stop
 
   def _run_user_action(self, action, boundary) -> str | None:
     """A user's Action, bounded (trainer/cluster/preemption.py): left running after a signal
-    (its boundary's step saved, exit 42) or past train.action_timeout_seconds (exit 1)."""
+    (its boundary's step saved, exit 42) or past train.action_timeout_seconds (exit 1).
+    It cannot end the process behind the run's back either: sys.exit is a failure
+    (its step saved, exit 1), KeyboardInterrupt a stop as on SIGINT (saved, exit 42)."""
     limit = self.config.train.action_timeout_seconds
     try:
       return preemption.bounded(action.function, boundary, what=f"action {action.name!r}",
                                 limit_seconds=limit,
                                 grace_seconds=user_code.SIGNAL_GRACE_SECONDS)
+    except SystemExit as exited:
+      on_disk, unsaved = self._save_boundary_step(boundary)
+      if unsaved:
+        logging.warning("step %d, where %s called sys.exit, could not be saved: %s",
+                        boundary.step, action.name, unsaved)
+      raise user_code.action_exited(action.name, boundary.step, exited,
+                                    saved=on_disk == boundary.step) from None
+    except KeyboardInterrupt as interrupt:  # a stop, agreed after the boundary's actions
+      preemption.request(f"action {action.name!r} raised KeyboardInterrupt at step "
+                         f"{boundary.step}{user_code.location(interrupt)}")
+      return None
     except preemption.Abandoned as abandoned:
-      position = getattr(self, "_position", None)
-      on_disk, unsaved = self.train_state.latest_step(), ""
-      if (position is not None and position.step == boundary.step and not self._read_only
-          and position.step != on_disk):
-        if self.coordinator or runtime.num_workers(self.strategy) == 1:
-          try:  # the weights are the boundary's: the Action runs after the loop
-            self.save(position)
-            self.train_state.wait()
-            on_disk = position.step
-          except StorageError as e:
-            unsaved = str(e)
-        else:  # a save is a collective: the other workers may be elsewhere
-          unsaved = "other workers may be inside the Action: no agreed save"
+      on_disk, unsaved = self._save_boundary_step(boundary)
       if abandoned.signalled:
         logging.warning("%s at step %d did not return within %.0f s of the signal: left "
                         "running", abandoned.what, boundary.step, user_code.SIGNAL_GRACE_SECONDS)
@@ -433,6 +445,25 @@ class Trainer:
       raise UserCodeHung(f"{abandoned.what} did not return within {limit:g} s at step "
                          f"{boundary.step} (train.action_timeout_seconds): {disk}; ended the "
                          f"run with it still running") from None
+
+  def _save_boundary_step(self, boundary) -> tuple[int | None, str]:
+    """Saves the step of `boundary` (where a user's Action ended the run) when it is
+    the loop's current step and not on disk yet; returns (the latest step on disk, why
+    `boundary`'s could not be saved, or "")."""
+    position = getattr(self, "_position", None)
+    on_disk, unsaved = self.train_state.latest_step(), ""
+    if (position is not None and position.step == boundary.step and not self._read_only
+        and position.step != on_disk):
+      if self.coordinator or runtime.num_workers(self.strategy) == 1:
+        try:  # the weights are the boundary's: the Action runs after the loop
+          self.save(position)
+          self.train_state.wait()
+          on_disk = position.step
+        except StorageError as e:
+          unsaved = str(e)
+      else:  # a save is a collective: the other workers may be elsewhere
+        unsaved = "other workers may be inside the Action: no agreed save"
+    return on_disk, unsaved
 
   def _boundary(self, step: int, train_metrics: dict) -> actions_module.Boundary:
     return actions_module.Boundary(

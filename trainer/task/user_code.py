@@ -4,10 +4,11 @@ that it cannot keep the job from ending (trainer/cluster/preemption.py `bounded`
 
 In build(), while its steps trace, or in what it exports (checked with the probe
 batch before step 1, so that a run cannot fail the same way after every training):
-UserError, exit 2, nothing written. At run time (an assertion in the compiled step,
-an Action raising at a boundary or a phase): UserCodeError, exit 1, naming the Task
-or Action and the step; the run's checkpoints stay as they are (trainer/api.py adds
-the last one to the line once the pending saves are on disk).
+UserError, exit 2, nothing written (sys.exit there too). At run time (an assertion in
+the compiled step, an Action raising at a boundary or a phase): UserCodeError, exit 1,
+naming the Task or Action and the step; the run's checkpoints stay as they are
+(trainer/api.py adds the last one to the line once the pending saves are on disk). An
+Action calling sys.exit is one too, its step saved first (`action_exited`).
 """
 import contextlib
 import os
@@ -45,6 +46,9 @@ def traced(discover, task):
     raise
   except Preempted:
     raise
+  except SystemExit as e:  # would end the run with its code, untrained and unsaid
+    raise UserError(f"{type(task).__name__}'s step called sys.exit({e.code!r}) while "
+                    f"tracing; a step must return its values or raise") from None
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(f"{type(task).__name__}'s step failed while tracing: {in_user_code(e)}"
                     ) from None
@@ -74,6 +78,16 @@ def action_failed(name: str, step: int, error: Exception) -> None:
   raise UserCodeError(f"action {name!r} raised {in_user_code(error)} at step {step}") from None
 
 
+def action_exited(name: str, step: int, exited: SystemExit, *, saved: bool) -> UserCodeError:
+  """An Action's function called sys.exit (or exit()) at `step`: exit 0 would say "done"
+  with nothing finished, any other code a failure without a word. One line (exit 1)
+  naming it, where, and the way to end training it meant; `saved`: `step` is on disk."""
+  return UserCodeError(
+      f"action {name!r} called sys.exit({exited.code!r}) at step {step}{location(exited)}: an "
+      f"Action cannot end the run (return 'stop' to finish training at this step, or raise "
+      f"to fail it)", saved_step=step if saved else None)
+
+
 def exported(task, default_spec, probe_features):
   """task.export() with its input_spec set (default: the data's), checked before
   training by tracing what it serves on `probe_features`' spec: a model that is not a
@@ -86,6 +100,9 @@ def exported(task, default_spec, probe_features):
     served = task.export()
   except (UserError, Preempted):
     raise
+  except SystemExit as e:  # would end the run with its code, untrained and unsaid
+    raise UserError(f"{name}.export called sys.exit({e.code!r}){location(e)}; export() must "
+                    f"return a trainer.Export (or None) or raise") from None
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(f"{name}.export raised {in_user_code(e)}") from None
   if served is None:
@@ -120,14 +137,20 @@ _NOT_USER_CODE = ("/tensorflow/", "/keras/", "/trainer/", "/autograph/", "/site-
                   "__autograph_generated", "<frozen ")
 
 
+def location(error: BaseException) -> str:
+  """` (file:line)` of the innermost frame outside TensorFlow, Keras and distloop's
+  trainer/ in `error`'s traceback, "" if none is: where the user's code went wrong."""
+  found = ""
+  for frame in traceback.extract_tb(error.__traceback__):
+    if not any(part in frame.filename for part in _NOT_USER_CODE):
+      found = f" ({os.path.basename(frame.filename)}:{frame.lineno})"
+  return found
+
+
 def in_user_code(error: Exception) -> str:
   """`Type: first line (file:line)`, at the innermost frame outside TensorFlow, Keras
   and distloop's trainer/: where the user's code went wrong."""
-  where = ""
-  for frame in traceback.extract_tb(error.__traceback__):
-    path = frame.filename
-    if not any(part in path for part in _NOT_USER_CODE):
-      where = f" ({os.path.basename(path)}:{frame.lineno})"
+  where = location(error)
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
   if lines and lines[0] in ("in user code:", "Graph execution error:"):
     # autograph: the frames as text, then the error; a failed op: the frames where it
