@@ -191,3 +191,41 @@ class ExitsInStep(_Base):
   def train_step(self, batch, step):
     import sys  # pylint: disable=g-import-not-at-top
     sys.exit(0)
+
+
+class _ReturnsScalars(_Base):
+  """Trains on the loss and returns it per example, with `scalars(per_example, step)`."""
+
+  def train_step(self, batch, step):
+    with tf.GradientTape() as tape:
+      per_example = self._loss(batch)
+      loss = step.replica_loss(per_example)
+    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
+    return {"loss": per_example, **self.scalars(per_example, step)}
+
+
+class ScalarsOfTheReplicasShare(_ReturnsScalars):
+  """Scalars of the replica's own share: they change with the replica count (issue 43)."""
+
+  def scalars(self, per_example, step):
+    return {"loss_sum": tf.reduce_sum(per_example), "loss_max": tf.reduce_max(per_example)}
+
+
+class ReplicaInvariantScalars(_ReturnsScalars):
+  """Per-step scalars the same on every replica, of several dtypes: the learning rate, a
+  counter the step advances, and values of the global batch (step.all_gather)."""
+
+  def build(self, context):
+    super().build(context)
+    self.updates = tf.Variable(0, dtype=tf.int64, trainable=False,
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def scalars(self, per_example, step):
+    self.updates.assign_add(1)
+    rate = tf.convert_to_tensor(self.optimizer.learning_rate)
+    global_losses = step.all_gather(per_example)
+    return {"rate": rate, "rate_float16": tf.cast(rate, tf.float16),
+            "rate_bfloat16": tf.cast(rate, tf.bfloat16), "updates": self.updates.read_value(),
+            "steps_taken": tf.cast(step.step + 1, tf.int32),
+            "global_loss_sum": tf.reduce_sum(global_losses),
+            "global_loss_max": tf.cast(tf.reduce_max(global_losses), tf.float16)}

@@ -144,14 +144,20 @@ class Trainer:
 
     with strategy.scope():
       replicas = None if self.coordinator else strategy  # the coordinator reads the servers
-      train_names, norms = user_code.traced(lambda: steps.discover(
+      train_names, norms, train_scalars = user_code.traced(lambda: steps.discover(
           traced_train_step, train_spec, "train_step", replicas, self.state.check_step,
           lengths_must_be_static=fuse_whole_step), self.task)
-      eval_names, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
+      eval_names, _, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
           lambda batch: (autograph_scope.user_function(self.task.eval_step)(batch), {}), train_spec, "eval_step", replicas,
           self.state.check_step), self.task)
+    # A per-step scalar must be the same on every replica: checked once per loop where
+    # there are several (distloop's own task's only scalar, model.losses of the mirrored
+    # weights, is by construction; its runs pay nothing).
+    checked = (train_scalars if strategy.num_replicas_in_sync > 1 and not self.coordinator
+               and not type(self.task).__module__.startswith("trainer.") else [])
     self._train_sums = steps.Sums(train_names,
-                                  list(norms) if config.train.report_gradient_norm else [])
+                                  list(norms) if config.train.report_gradient_norm else [],
+                                  checked=checked)
     self._eval_sums = steps.Sums(eval_names, what="eval_step")
     self._train_names = [name for name in train_names if name != "regularization_loss"]
     self._eval_names = eval_names
@@ -199,6 +205,22 @@ class Trainer:
     self._rollbacks = 0
     self._eval_seconds = 0.0
     self._checkpoint_seconds = 0.0
+
+  def _refuse_replica_dependent(self, names: list, step: int, num_steps: int) -> None:
+    """Per-step scalars `names` differed between the replicas in the loop that just ran
+    (Sums.reduce_checked): their mean over replicas would change with the replica count,
+    so the run stops here, before anything of the loop is kept (exit 2, as a per-example
+    value of the wrong length found as the step runs)."""
+    if not names:
+      return
+    quoted = ", ".join(repr(name) for name in names)
+    raise UserError(
+        f"{type(self.task).__name__}.train_step returned per-step scalar(s) {quoted} that "
+        f"differed between the {self.strategy.num_replicas_in_sync} replicas in steps "
+        f"{step + 1}..{step + num_steps}: a per-step scalar must be the same on every replica, "
+        f"not depend on the replica's share of the batch; return per-example values [batch] "
+        f"(distloop sums them over the global batch) or reduce it over the global batch "
+        f"with the step's collective (e.g. tf.reduce_max(step.all_gather(per_example)))")
 
   # -- the flow ---------------------------------------------------------------
 
@@ -268,6 +290,8 @@ class Trainer:
               batches, tf.constant(num_steps), tf.constant(position.step, tf.int64))
         record_graph = False
         train_metrics = self._train_sums.result(totals)  # host sync: the n steps
+        self._refuse_replica_dependent(self._train_sums.disagreeing(totals), position.step,
+                                       num_steps)
         loop_seconds = time.perf_counter() - loop_start
         reached = position.advance(num_steps, batch_size)
         non_finite = [name for name in self._train_sums.names

@@ -23,7 +23,9 @@ strategy, and owns everything around them:
 - the metrics: each value `train_step` / `eval_step` returns is per example
   (shape [batch]) or per step (a scalar); distloop sums them and divides once by
   the example count, so train_<name> and eval_<name> are exact means for any
-  replica count and any partial eval batch;
+  replica count and any partial eval batch; a per-step scalar must be the same on
+  every replica (a learning rate, a counter, a value of `step.all_gather`): train_step's
+  are compared once per loop, and one that differs stops the run in one line;
 - preemption (exit 42 with the step on disk), SIGKILL safety, rollback on
   non-finite values, multi-worker agreement, XLA and mixed precision.
 
