@@ -3,10 +3,16 @@
 catalogue.py lists the workloads (`CATALOGUE`), conftest.py the shapes (`SHAPES`: 1
 replica, 2 mirrored, 2 under central_storage, 1 with the whole step under XLA),
 test_matrix.py the checks, each run on every workload on every shape: a SIGTERM resume
-and a SIGKILL resume equal the uninterrupted run (1e-6), every shape agrees with 1
-replica under plain SGD (1e-5), eval at the end = --mode=eval of the saved step = the
-export scored on the eval data (1e-5), and a checkpoint of another workload is refused
-(exit 2, one line, nothing moved). conftest.py trains each (workload, shape) once per
+and a SIGKILL resume equal the uninterrupted run bit for bit, checkpoints and the evals
+the resumed processes ran (every run evaluates every 10 steps, 3 eval batches with a
+partial last); a resume that changes the fields a resume may change (batch size, loop
+length, eval batch, learning rate) equals one process with that change (on 1 replica);
+every shape agrees with 1 replica under plain SGD (the workload's measured
+`agree_within`); one replica in a 2-device process is 1 replica bit for bit (the
+summation order follows the config, not the devices); eval at the end = --mode=eval of
+the saved step = the export scored on the eval data (1e-5); and a checkpoint of another
+workload is refused (exit 2, one line, nothing moved). Each tolerance is what the cell
+really achieves, so that the bugs of `python -m tests.mutations` fail a cell. conftest.py trains each (workload, shape) once per
 session and shares it. A new way to lay out a run is one more `SHAPES` entry.
 
 To add a workload (a new feature): append one `Workload` to `CATALOGUE` with
@@ -14,6 +20,9 @@ To add a workload (a new feature): append one `Workload` to `CATALOGUE` with
   should train with plain SGD, or give `sgd_flags` that make it so);
 - `served(serve, replicas)`: the eval values scored from its export in numpy (None if it
   exports nothing that eval scores);
+- `agree_within` where its shapes agree less closely than `AGREE_DEFAULT` (measure it:
+  the cell's message gives the largest difference), `refuses_change` where a resume
+  cannot make catalogue.CHANGES (the check then asserts the one-line refusal);
 - `not_applicable` for a check that cannot hold by design (say why), and
   `known_defects` for a cell that fails on an open defect: it becomes xfail(strict), so
   the fix turns it into a failure until the entry is removed. Key either by check (every
