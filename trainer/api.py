@@ -177,6 +177,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     raise lost from e  # a peer is gone: one line, not this worker's traceback
   preemption.end_start_up()  # built: from the restore on, stop at safe (agreed) points
   try:
+    refuse_what_the_task_lacks(trainer, mode)
     if training:
       return trainer.train(eval_interval=config.eval.interval if mode == "train_and_eval" else 0)
     # Which config a mode used: logged once past the refusals that are one line alone.
@@ -208,6 +209,28 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     raise lost from e  # a peer is gone: one line, not this worker's traceback
   finally:
     trainer.close()
+
+
+def refuse_what_the_task_lacks(trainer, mode: str) -> None:
+  """UserError, before any checkpoint is read or anything written, for a mode whose work
+  the Task does not have (both are optional, docs/tasks.md): no eval_step, or one that
+  reports no value, leaves eval, continuous_eval and train_and_eval nothing to evaluate
+  (it would print 0 examples and exit 0); an export() missing or returning None leaves
+  export nothing to write (it printed "None"). --mode=train trains such a Task: its
+  summary then claims no eval and no export."""
+  from trainer.task.contract import Task  # pylint: disable=g-import-not-at-top
+  task = trainer.task
+  name = type(task).__name__
+  if mode in ("eval", "continuous_eval", "train_and_eval") and not trainer.evaluates:
+    lacks = (f"{name} has no eval_step" if type(task).eval_step is Task.eval_step
+             else f"{name}.eval_step returns no value")
+    instead = "; --mode=train trains without evals" if mode == "train_and_eval" else ""
+    raise UserError(f"{lacks}: --mode={mode} has nothing to evaluate{instead}")
+  if mode == "export" and not trainer.exports():
+    lacks = (f"{name} has no export()" if type(task).export is Task.export
+             else f"{name}.export() returns None")
+    raise UserError(f"{lacks}: --mode=export has nothing to write (export() returns a "
+                    f"trainer.Export, docs/tasks.md)")
 
 
 def _as_config(config):

@@ -245,7 +245,9 @@ CATALOGUE = [
     # step.all_gather (global negatives) and step.example_seeds (per-example augmentation)
     Workload("contrastive", ("--config=synthetic",
                              "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD),
-             not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM}),
+             not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM,
+                             "eval": "Contrastive has no eval_step: --mode=eval refuses it "
+                                     "(tests/test_task_without_eval.py)"}),
     Workload("adamw_ema_accumulation",
              ("--config=synthetic", "--config.model.conv_filters=6",
               "--config.model.dense_units=16", "--config.train.optimizer=adamw",

@@ -19,6 +19,7 @@ returns something other than a ConfigDict is a ConfigFileError: one line naming
 the file and what is wrong (exit 2), before anything is written.
 """
 import os
+import shlex
 import sys
 
 from absl import flags
@@ -66,6 +67,29 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
   else:
     spec = configs.path_of(_DEFAULT)
   return [resolved[0], "--config=" + spec, *resolved[1:]], _described(spec)
+
+
+def command(argv: list[str], resolved: list[str]) -> str:
+  """This run's command, shell-quoted so that it can be pasted to run it again (the run
+  summary's `config` line): `python -m trainer`, `--config` as typed (or the one chosen
+  when none was: the model_dir's config.json, synthetic), then every other flag as typed,
+  each `--config.FIELD=VALUE` override included."""
+  typed = _flag_value(argv, "config")[1]
+  if typed is None:
+    file, _, argument = _flag_value(resolved, "config")[1].partition(":")
+    name = os.path.splitext(os.path.basename(file))[0]
+    typed = (argument if file == _RECORDED
+             else name if file == configs.path_of(name)
+             else f"{file}:{argument}" if argument else file)
+  others, skip_value = [], False
+  for arg in argv[1:]:
+    if skip_value:
+      skip_value = False
+    elif arg in ("--config", "-config"):
+      skip_value = True
+    elif not arg.startswith(("--config=", "-config=")):
+      others.append(arg)
+  return shlex.join(["python", "-m", "trainer", f"--config={typed}", *others])
 
 
 def _described(spec: str) -> str:

@@ -50,6 +50,7 @@ _CONFIG = config_flags.DEFINE_config_file(
                 f"else synthetic")
 flags.FLAGS["config"].parser = config_file.Parser(lock_config=True)
 _config_used = ""  # which config this run uses, in words (set by _parse_flags)
+_command_used = ""  # this run's command, copy-pasteable: its config and every flag as typed
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
                                  required=True)
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "what to do in model_dir")
@@ -144,17 +145,31 @@ def _log_summary(summary: dict, model_dir: str) -> None:
   speed = ("no step trained in this process (resumed at the final step): as logged there"
            if summary.get("trained_steps") == 0
            else f"{summary['examples_per_sec']:.0f} examples/s (steady state)")
-  logging.info(
-      "Done at step %d (%s, %d replica(s)):\n"
-      "  eval      %s | %d examples\n"
-      "  train     %s | %s\n"
-      "  time      %.1f s: training %.1f s, eval %.1f s, checkpoints blocked %.2f s\n"
-      "  outputs   %s (summary.json, export/, checkpoints/, tensorboard/)\n"
-      "  config    %s",
-      summary["step"], summary["strategy"], summary["num_replicas"], values("eval"),
-      summary["eval_examples"], values("train"), speed,
-      summary["wall_time_sec"], summary["train_time_sec"], summary["eval_time_sec"],
-      summary["checkpoint_time_sec"], os.path.abspath(model_dir), _config_used)
+  # Only what happened: a Task without eval_step evaluates nothing, one without export()
+  # exports nothing (no row, no folder named for them).
+  evaluated = bool(summary["eval_examples"])
+  lines = [f"Done at step {summary['step']} ({summary['strategy']}, "
+           f"{summary['num_replicas']} replica(s)):"]
+  if evaluated:
+    lines.append(f"  eval      {values('eval')} | {summary['eval_examples']} examples")
+  lines += [
+      f"  train     {values('train')} | {speed}",
+      f"  time      {summary['wall_time_sec']:.1f} s: training {summary['train_time_sec']:.1f} s"
+      + (f", eval {summary['eval_time_sec']:.1f} s" if evaluated else "")
+      + f", checkpoints blocked {summary['checkpoint_time_sec']:.2f} s",
+      f"  outputs   {os.path.abspath(model_dir)} "
+      f"({', '.join(_outputs(model_dir, summary['step']))})",
+      f"  config    {_command_used}"]
+  logging.info("%s", "\n".join(lines))
+
+
+def _outputs(model_dir: str, step: int) -> list[str]:
+  """The run's outputs that are in model_dir (a Task exporting nothing has no export/)."""
+  return [name for name, path in (
+      ("summary.json", layout.summary_path(model_dir)),
+      (f"export/{step}/", layout.export_dir(model_dir, step)),
+      ("checkpoints/", layout.checkpoint_dir(model_dir)),
+      ("tensorboard/", layout.tensorboard_dir(model_dir))) if os.path.exists(path)]
 
 
 def _serve() -> int:
@@ -189,9 +204,10 @@ def _overridden_fields(argv: list[str]) -> set[str]:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  global _config_used
+  global _config_used, _command_used
   try:
     resolved, _config_used = config_file.choose(argv)
+    _command_used = config_file.command(argv, resolved)
     return flags.FLAGS(resolved)
   except config_file.ConfigFileError as e:
     _fail(EXIT_BAD_INPUT, e)

@@ -674,6 +674,16 @@ class Trainer:
                                                   input_context=input_context,
                                                   decode_on_device=on_device)))
 
+  @property
+  def evaluates(self) -> bool:
+    """Whether the task's eval_step reports any value (a Task need not have one)."""
+    return bool(self._eval_names)
+
+  def exports(self) -> bool:
+    """Whether the task's export() serves a model (a Task need not have one); checked as
+    export() is: UserError if what it serves cannot be served."""
+    return self._served() is not None
+
   def export(self, step: int) -> str | None:
     """SavedModel of what the task serves at export/<step>/ (kept if it already exists);
     None if the task exports nothing."""
