@@ -21,8 +21,8 @@ EVAL_BATCH = 100  # 256 eval examples: batches of 100, 100 and a partial 56 (28 
 # An eval every 10 steps (train_and_eval): the evals of a resumed process read its live
 # state (EMA weights, BatchNorm statistics, a Task's variables), not only what its
 # checkpoints hold, so state left out of a checkpoint changes a logged eval value.
-COMMON = ("--mode=train_and_eval", "--config.eval.interval=10",
-          "--config.train.steps=40", "--config.train.global_batch_size=32",
+EVALS = ("--mode=train_and_eval", "--config.eval.interval=10")  # a workload that `evaluates`
+COMMON = ("--config.train.steps=40", "--config.train.global_batch_size=32",
           "--config.train.steps_per_loop=5", "--config.checkpoint.interval=10",
           "--config.checkpoint.max_to_keep=10", "--config.runtime.deterministic=true",
           "--config.data.num_train_examples=512",
@@ -64,6 +64,7 @@ class Workload:
   not_applicable: dict = dataclasses.field(default_factory=dict)
   known_defects: dict = dataclasses.field(default_factory=dict)
   donor: str = "cnn"  # whose checkpoint the refusal check copies in (shapes differ)
+  evaluates: bool = True  # False: a Task without eval_step (trains with --mode=train)
   # shapes_agree: how far each shape's weights may be from 1 replica's after 40 plain-SGD
   # steps, as measured (tests/guarantees/__init__.py: "Tolerances"); a shape not listed
   # must agree to AGREE_DEFAULT. Loose enough for the rounding each shape really has,
@@ -245,6 +246,7 @@ CATALOGUE = [
     # step.all_gather (global negatives) and step.example_seeds (per-example augmentation)
     Workload("contrastive", ("--config=synthetic",
                              "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD),
+             evaluates=False,
              not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM,
                              "eval": "Contrastive has no eval_step: --mode=eval refuses it "
                                      "(tests/test_task_without_eval.py)"}),

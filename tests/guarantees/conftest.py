@@ -9,7 +9,8 @@ step 35, resumed again to the end; one model_dir, three processes, both resume c
 `runs.sgd(name, shape)`: the uninterrupted run, or with the workload's `sgd_flags`.
 `runs.changed(name, shape)` -> Changed: 20 steps, then the fields a resume may change
 changed (catalogue.CHANGES), to the end in one process and SIGTERMed + resumed.
-Every run evaluates every 10 steps (train_and_eval), logged in metrics.csv (`eval_rows`).
+Every run of a workload that evaluates does so every 10 steps (train_and_eval), logged in
+metrics.csv (`eval_rows`).
 Weights are read in this process with plain orbax (`arrays`).
 """
 import csv
@@ -72,7 +73,8 @@ ORDER_SHAPES = {
 
 def flags(workload, shape: str, *extra: str) -> list[str]:
   layout = SHAPES[shape] if shape in SHAPES else ORDER_SHAPES[shape]
-  return [*workload.flags, *catalogue.COMMON, *layout.flags, *extra]
+  evals = catalogue.EVALS if workload.evaluates else ()
+  return [*workload.flags, *catalogue.COMMON, *evals, *layout.flags, *extra]
 
 
 def trainer_run(model_dir, *args: str):
