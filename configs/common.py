@@ -42,7 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.task = ""               # "" = the built-in supervised step (model, loss, metrics below) | MODULE:FUNCTION returning a trainer.Task (or a Task class): your own step
   config.train.actions = ""            # comma-separated MODULE:FUNCTION, each FUNCTION(config) -> trainer.Action(s): your code at loop boundaries (README: Actions)
   config.train.steps = 300             # total optimizer steps of the run
-  config.train.epochs = 0.0            # instead of train.steps (then 0): passes over the training split; steps = ceil(epochs * examples / global_batch_size)
+  config.train.epochs = 0.0            # instead of train.steps (then 0): passes over the training split, in examples used; steps = ceil((epochs * examples - examples used) / global_batch_size) more
   config.train.global_batch_size = 64  # examples per step, summed over all replicas
   config.train.steps_per_loop = 50     # steps compiled into one tf.function call (logging granularity)
   config.train.accumulation_steps = 1  # the built-in step: each replica's batch as this many micro-batches, gradients summed, one reduction and one update per step

@@ -121,10 +121,12 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   # download path does import TensorFlow, hence the silenced start-up lines.)
   with native_startup_silenced():
     splits = plugins.load_data(config.data, config.runtime.seed)
-  if config.train.epochs:  # from here on, a run of the steps they make
-    config = epochs.resolved(config, splits[0])
+  epoch_plan = epochs.plan(config, splits[0])
+  if epoch_plan:  # from here on, a run of the steps they make from the newest data position
+    config = epochs.resolved(config, epoch_plan, layout.newest_data_position(model_dir))
     if training and _already_finished(model_dir, config):
       return {**layout.read_summary(model_dir), "already_finished": True}
+  epochs.say_replaced()  # the command line's length, past the refusals of config and data
   with native_startup_silenced():
     from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
     from trainer.loop import controller  # pylint: disable=g-import-not-at-top,unused-import
@@ -153,7 +155,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   with (_writer(model_dir) if training and runtime.is_chief(strategy)
         else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions,
-                     config_source)
+                     config_source, epoch_plan)
 
 
 def _already_finished(model_dir: str, config) -> bool:
@@ -163,13 +165,13 @@ def _already_finished(model_dir: str, config) -> bool:
 
 
 def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, strategy,
-              splits, task, actions, config_source: str):
+              splits, task, actions, config_source: str, epoch_plan=None):
   from trainer.loop import controller  # pylint: disable=g-import-not-at-top
   from trainer.cluster import peers  # pylint: disable=g-import-not-at-top
   training = mode in ("train", "train_and_eval")
   try:
     trainer = controller.Trainer(config, model_dir, strategy, splits, task=task,
-                                 actions=actions, read_only=not training)
+                                 actions=actions, read_only=not training, epoch_plan=epoch_plan)
   except Exception as e:  # pylint: disable=broad-except
     lost = peers.lost(strategy, e, step=None)
     if lost is None:

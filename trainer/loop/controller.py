@@ -80,8 +80,11 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str,
                strategy: tf.distribute.Strategy, splits: tuple[Source, Source], *,
                task=None, actions=(), read_only: bool = False,
-               clock: Callable[[], float] = time.monotonic):
+               clock: Callable[[], float] = time.monotonic, epoch_plan=None):
     self.config = config
+    # train.epochs (trainer/task/epochs.py): config.train.steps were derived from the newest
+    # checkpoint's data position; the one restored must make the same steps.
+    self._epoch_plan = epoch_plan
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
@@ -235,6 +238,7 @@ class Trainer:
     # written or moved.
     self.mlflow_log.connect()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
+    self._check_epoch_steps(position)
     started_at = position.step
     watcher = preemption.PreemptionWatcher(self.agreement)
     schedule = actions_module.Schedule(self._actions_in_order(eval_interval), total)
@@ -488,6 +492,23 @@ class Trainer:
       else:  # a save is a collective: the other workers may be elsewhere
         unsaved = "other workers may be inside the Action: no agreed save"
     return on_disk, unsaved
+
+  def _check_epoch_steps(self, position: Position) -> None:
+    """train.epochs' steps were counted at start-up from the newest checkpoint's data
+    position (its meta, read as JSON). A restore that fell back to an older step (the
+    newest unreadable, now set aside) whose data position makes other steps at this
+    batch would end the run off its epochs, or its schedules off their length:
+    refused, and the next run counts from the step restored. Agreed: every worker stops."""
+    plan = self._epoch_plan
+    if plan is None:  # the same on every worker: the same config
+      return
+    if self.agreement.any(plan.final_step(position.step, position.examples)
+                          != self.config.train.steps):
+      raise UserError(
+          f"train.epochs={plan.epochs:g} made {self.config.train.steps} steps from the newest "
+          f"checkpoint, but training resumed from step {position.step} ({position.examples} "
+          f"examples used), where they make {plan.final_step(position.step, position.examples)}"
+          f": run again to count them from step {position.step}")
 
   def _boundary(self, step: int, train_metrics: dict) -> actions_module.Boundary:
     return actions_module.Boundary(

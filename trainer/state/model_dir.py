@@ -119,6 +119,24 @@ def checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints")
 
 
+def newest_data_position(model_dir: str) -> tuple[int, int] | None:
+  """(step, examples used) of the newest checkpoint whose meta reads, else None.
+
+  Read as plain JSON (`<step>/meta/metadata`, orbax's JsonSave) before the runtime
+  starts: train.epochs' steps are counted from this data position. Only the restore
+  proves a step readable, so this is what a resume should find; the Trainer refuses
+  a run whose restored position makes other steps (trainer/loop/controller.py)."""
+  try:
+    names = os.listdir(checkpoint_dir(model_dir))
+  except OSError:
+    return None
+  for step in sorted((int(name) for name in names if name.isdigit()), reverse=True):
+    meta = read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
+    if isinstance(meta, dict) and isinstance(meta.get("examples_consumed"), int):
+      return step, meta["examples_consumed"]
+  return None
+
+
 def best_checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints_best")
 
