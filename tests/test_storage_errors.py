@@ -159,3 +159,33 @@ def _fill(path) -> None:
         f.write(b"\0" * (1 << 16))  # a partial write takes the last bytes
     except OSError:
       pass
+
+
+_TINY = ["--config=synthetic", "--config.model.conv_filters=4", "--config.model.dense_units=8",
+         "--config.train.steps=10", "--config.train.global_batch_size=16",
+         "--config.data.num_train_examples=200", "--config.data.num_eval_examples=100"]
+
+
+def test_disk_full_writing_the_tensorboard_eval_events(tmp_path, tmpfs):
+  """A 700 kB model_dir: a tiny run (and its final eval) fits; filled up, the next eval's
+  TensorBoard writer cannot write its first event (a ResourceExhaustedError traceback
+  before)."""
+  model_dir = tmpfs(tmp_path / "run", "700k")
+  result = run_trainer(model_dir, *_TINY, "--mode=train")
+  assert result.returncode == 0, result.stderr[-3000:]
+  _fill(model_dir / "filler")
+  result = run_trainer(model_dir, *_TINY, "--mode=eval")
+  line = _one_line(result.stderr, 1, result.returncode)
+  assert re.search(rf"cannot write the TensorBoard eval events to "
+                   rf"{re.escape(str(model_dir))}/tensorboard/eval: No space left on device "
+                   r"\(0\.0 kB free there\)$", line), line
+
+
+def test_disk_full_writing_the_tensorboard_train_events(tmp_path, tmpfs):
+  """The train writer's first event (the config, at start-up) on a full disk."""
+  tensorboard = tmpfs(tmp_path / "run" / "tensorboard", "4k")
+  _fill(tensorboard / "filler")
+  result = run_trainer(tmp_path / "run", *_TINY)
+  line = _one_line(result.stderr, 1, result.returncode)
+  assert re.search(rf"cannot write the TensorBoard train events to {re.escape(str(tensorboard))}"
+                   r"/train: No space left on device \(0\.0 kB free there\)$", line), line
