@@ -1,6 +1,7 @@
 """A full disk or a read-only file system while writing a checkpoint, config.json,
-summary.json or the export: one line naming what, where and the space it needed,
-exit 1 (42 when it was the preemption save, the last complete checkpoint intact), no
+summary.json, the export or TensorBoard's events: one line naming what, where and the
+space it needed, exit 1 (42 when it was the preemption save, the last complete
+checkpoint intact; 2 for a model_dir read-only from the start, bad input), no
 traceback. Each case mounts a small tmpfs (root can write through chmod, not through
 a full or read-only file system) on the part of model_dir it breaks."""
 import os
@@ -102,9 +103,11 @@ def test_disk_full_during_the_preemption_save_exits_42_with_the_last_checkpoint(
 
 
 def test_read_only_model_dir(tmp_path, tmpfs):
+  """Bad input (exit 2), as every model_dir that cannot be written at start-up
+  (tests/test_start_up_writable.py)."""
   model_dir = tmpfs(tmp_path / "run", "1m", read_only=True)
   result = run_trainer(model_dir, *_FLAGS)
-  line = _one_line(result.stderr, 1, result.returncode)
+  line = _one_line(result.stderr, 2, result.returncode)
   assert f"cannot write the writer lock to {model_dir}/.lock: Read-only file system" in line
 
 

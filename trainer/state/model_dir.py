@@ -20,8 +20,9 @@
 atomic renames need a POSIX file system, so a bucket is used through a FUSE mount.
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
-symbolic link loop); `check_writable` finds a read-only directory at start-up,
-not at the first save after the training.
+symbolic link loop); `check_writable` finds a read-only directory at start-up (exit 2,
+as the writer lock finds a model_dir that cannot be created or written at all), not at
+the first save after the training.
 """
 import json
 import math
@@ -88,20 +89,21 @@ def check_layout(model_dir: str) -> None:
 
 
 def check_writable(model_dir: str) -> None:
-  """StorageError (exit 1) unless model_dir and each directory the run writes that
-  already exists take a new entry: a real probe (a directory created and removed), as
-  permission bits say nothing to root and nothing about a read-only mount."""
+  """UserError (exit 2: a read-only or denied directory, storage.start_up_failure) or
+  StorageError (exit 1: a full or sick disk) unless model_dir and each directory the run
+  writes that already exists take a new entry: a real probe (a directory created and
+  removed), as permission bits say nothing to root and nothing about a read-only mount."""
   for directory in (model_dir, *(os.path.join(model_dir, name) for name in _WRITTEN_DIRECTORIES)):
     if not os.path.isdir(directory):
       continue
     try:
       os.rmdir(tempfile.mkdtemp(prefix=".distloop-probe-", dir=directory))
     except OSError as e:
-      if storage.reason(e) is None:
-        raise
-      raise StorageError(f"{storage.failure('files', directory, e)}; found at start-up: "
-                         f"nothing was trained (make it writable, or use another "
-                         f"--model_dir)") from None
+      refusal = storage.start_up_failure("files", directory, e)
+      if isinstance(refusal, StorageError):
+        raise StorageError(f"{refusal}; found at start-up: nothing was trained (make room, "
+                           f"or use another --model_dir)") from None
+      raise refusal from None
 
 
 def holds_results(model_dir: str) -> bool:
