@@ -111,6 +111,8 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
                     "(TF_CONFIG): it serves; run `python -m trainer` there")
   _stop_if_signalled(config)
   training = mode in ("train", "train_and_eval")
+  if training or mode == "continuous_eval":  # a broken finished.json: refused, not guessed
+    layout.finished_record(model_dir)
   if training:
     task, may_change = task_fields(config, task)
     # A changed seed is no "already finished".
