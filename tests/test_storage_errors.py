@@ -192,3 +192,22 @@ def test_disk_full_writing_the_tensorboard_train_events(tmp_path, tmpfs):
   line = _one_line(result.stderr, 1, result.returncode)
   assert re.search(rf"cannot write the TensorBoard train events to {re.escape(str(tensorboard))}"
                    r"/train: No space left on device \(0\.0 kB free there\)$", line), line
+
+
+def test_a_full_disk_at_the_tensorboard_close_of_a_failing_run_is_a_warning(tmp_path, tmpfs):
+  """The run's close after another error (a failed save, a preemption: exit 42) must not
+  put a TensorBoard line (exit 1) in that error's place; a close of its own reports it."""
+  from trainer.errors import StorageError  # pylint: disable=g-import-not-at-top
+  from trainer.loop import summaries  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  model_dir = tmpfs(tmp_path / "run", "64k")
+  closed = []
+  for quiet in (True, False):
+    run = summaries.Summaries(str(model_dir / str(quiet)), enabled=True)
+    for step in range(300):  # the first row is written at once, the rest kept (> a page)
+      run.scalars("train", step, {"loss": 1.0 / (step + 1), "accuracy": 0.5})
+    closed.append(run)
+  _fill(model_dir / "filler")
+  closed[0].close(quiet=True)
+  with pytest.raises(StorageError, match=rf"cannot write the TensorBoard train events to "
+                     rf"{re.escape(str(model_dir))}/False/tensorboard/train: No space left"):
+    closed[1].close()

@@ -195,8 +195,8 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
   except UserCodeError as e:  # the user's Task or Action failed at run time
     trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
     raise e.after_saves(trainer.train_state.latest_step()) from None
-  finally:
-    trainer.close()
+  finally:  # an error on its way out (sys.exc_info) is the one to report, not the close's
+    trainer.close(failing=sys.exc_info()[1] is not None)
 
 
 def _as_config(config):

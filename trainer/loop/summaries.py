@@ -20,6 +20,7 @@ import os
 import struct
 import time
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
@@ -29,6 +30,7 @@ from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from trainer.errors import StorageError
 from trainer.state import model_dir as layout
 from trainer.state import storage
 
@@ -176,14 +178,21 @@ class Summaries:
       with self._storage_failures(split):
         writer.flush()
 
-  def close(self) -> None:
-    if self._kept:
-      self._write_kept()
-    for split, writer in list(self._writers.items()):
-      with self._storage_failures(split):
-        writer.close()
-      del self._writers[split]
-    self._scalar_writers = {}
+  def close(self, *, quiet: bool = False) -> None:
+    """Writes what is kept and closes the writers. `quiet`: a storage failure is a
+    warning (the run is ending with another error, the one to report)."""
+    try:
+      if self._kept:
+        self._write_kept()
+      for split, writer in list(self._writers.items()):
+        with self._storage_failures(split):
+          writer.close()
+        del self._writers[split]
+      self._scalar_writers = {}
+    except StorageError as e:
+      if not quiet:
+        raise
+      logging.warning("%s", e)
 
 
 def _scalars_event(values: dict) -> bytes:
