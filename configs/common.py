@@ -95,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.num_cpu_devices = 1   # logical CPU devices, so `mirrored` runs data-parallel on a CPU-only machine
   config.runtime.seed = 0              # weights, data order and dropout all follow from it
   config.runtime.deterministic = False # bit-reproducible kernels (tf.config.experimental.enable_op_determinism), and threads per op fixed by intra_op_threads
-  config.runtime.intra_op_threads = 0  # threads per op (TF's intra-op pool; the summation order follows it); 0 = auto: 1 under deterministic, else the process's cores / num_cpu_devices
+  config.runtime.intra_op_threads = 0  # threads per op (TF's intra-op pool; the summation order follows it); 0 = auto: 1 under deterministic, else the process's cores / num_cpu_devices; at most max(1024, cores)
   config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
   config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
   config.runtime.mlflow_uri = ""       # also log params, metrics and the export to this MLflow tracking URI (http://HOST:PORT, file:DIR, ...); needs pip install -e '.[mlflow]'; "" = off

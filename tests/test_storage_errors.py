@@ -1,6 +1,7 @@
 """A full disk or a read-only file system while writing a checkpoint, config.json,
-summary.json or the export: one line naming what, where and the space it needed,
-exit 1 (42 when it was the preemption save, the last complete checkpoint intact), no
+summary.json, the export or TensorBoard's events: one line naming what, where and the
+space it needed, exit 1 (42 when it was the preemption save, the last complete
+checkpoint intact; 2 for a model_dir read-only from the start, bad input), no
 traceback. Each case mounts a small tmpfs (root can write through chmod, not through
 a full or read-only file system) on the part of model_dir it breaks."""
 import os
@@ -102,9 +103,11 @@ def test_disk_full_during_the_preemption_save_exits_42_with_the_last_checkpoint(
 
 
 def test_read_only_model_dir(tmp_path, tmpfs):
+  """Bad input (exit 2), as every model_dir that cannot be written at start-up
+  (tests/test_start_up_writable.py)."""
   model_dir = tmpfs(tmp_path / "run", "1m", read_only=True)
   result = run_trainer(model_dir, *_FLAGS)
-  line = _one_line(result.stderr, 1, result.returncode)
+  line = _one_line(result.stderr, 2, result.returncode)
   assert f"cannot write the writer lock to {model_dir}/.lock: Read-only file system" in line
 
 
@@ -159,3 +162,52 @@ def _fill(path) -> None:
         f.write(b"\0" * (1 << 16))  # a partial write takes the last bytes
     except OSError:
       pass
+
+
+_TINY = ["--config=synthetic", "--config.model.conv_filters=4", "--config.model.dense_units=8",
+         "--config.train.steps=10", "--config.train.global_batch_size=16",
+         "--config.data.num_train_examples=200", "--config.data.num_eval_examples=100"]
+
+
+def test_disk_full_writing_the_tensorboard_eval_events(tmp_path, tmpfs):
+  """A 700 kB model_dir: a tiny run (and its final eval) fits; filled up, the next eval's
+  TensorBoard writer cannot write its first event (a ResourceExhaustedError traceback
+  before)."""
+  model_dir = tmpfs(tmp_path / "run", "700k")
+  result = run_trainer(model_dir, *_TINY, "--mode=train")
+  assert result.returncode == 0, result.stderr[-3000:]
+  _fill(model_dir / "filler")
+  result = run_trainer(model_dir, *_TINY, "--mode=eval")
+  line = _one_line(result.stderr, 1, result.returncode)
+  assert re.search(rf"cannot write the TensorBoard eval events to "
+                   rf"{re.escape(str(model_dir))}/tensorboard/eval: No space left on device "
+                   r"\(0\.0 kB free there\)$", line), line
+
+
+def test_disk_full_writing_the_tensorboard_train_events(tmp_path, tmpfs):
+  """The train writer's first event (the config, at start-up) on a full disk."""
+  tensorboard = tmpfs(tmp_path / "run" / "tensorboard", "4k")
+  _fill(tensorboard / "filler")
+  result = run_trainer(tmp_path / "run", *_TINY)
+  line = _one_line(result.stderr, 1, result.returncode)
+  assert re.search(rf"cannot write the TensorBoard train events to {re.escape(str(tensorboard))}"
+                   r"/train: No space left on device \(0\.0 kB free there\)$", line), line
+
+
+def test_a_full_disk_at_the_tensorboard_close_of_a_failing_run_is_a_warning(tmp_path, tmpfs):
+  """The run's close after another error (a failed save, a preemption: exit 42) must not
+  put a TensorBoard line (exit 1) in that error's place; a close of its own reports it."""
+  from trainer.errors import StorageError  # pylint: disable=g-import-not-at-top
+  from trainer.loop import summaries  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  model_dir = tmpfs(tmp_path / "run", "64k")
+  closed = []
+  for quiet in (True, False):
+    run = summaries.Summaries(str(model_dir / str(quiet)), enabled=True)
+    for step in range(300):  # the first row is written at once, the rest kept (> a page)
+      run.scalars("train", step, {"loss": 1.0 / (step + 1), "accuracy": 0.5})
+    closed.append(run)
+  _fill(model_dir / "filler")
+  closed[0].close(quiet=True)
+  with pytest.raises(StorageError, match=rf"cannot write the TensorBoard train events to "
+                     rf"{re.escape(str(model_dir))}/False/tensorboard/train: No space left"):
+    closed[1].close()

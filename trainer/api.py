@@ -111,6 +111,8 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
                     "(TF_CONFIG): it serves; run `python -m trainer` there")
   _stop_if_signalled(config)
   training = mode in ("train", "train_and_eval")
+  if training or mode == "continuous_eval":  # a broken finished.json: refused, not guessed
+    layout.finished_record(model_dir)
   if training:
     task, may_change = task_fields(config, task)
     # A changed seed is no "already finished".
@@ -209,8 +211,8 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     if lost is None:
       raise
     raise lost from e  # a peer is gone: one line, not this worker's traceback
-  finally:
-    trainer.close()
+  finally:  # an error on its way out (sys.exc_info) is the one to report, not the close's
+    trainer.close(failing=sys.exc_info()[1] is not None)
 
 
 def refuse_what_the_task_lacks(trainer, mode: str) -> None:

@@ -735,9 +735,12 @@ class Trainer:
       return self.state.averaged_weights()
     return contextlib.nullcontext()
 
-  def close(self) -> None:
+  def close(self, *, failing: bool = False) -> None:
+    """`failing`: the run is ending with an error already; the TensorBoard rows a full
+    disk cannot take then get a warning, not a second error in place of that one (a
+    preemption's exit 42 included)."""
     self.train_state.close()
-    self.summaries.close()
+    self.summaries.close(quiet=failing)
     self.metrics_log.close()
 
 

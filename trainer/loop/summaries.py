@@ -6,6 +6,12 @@ second at most (and at every flush and the close): one call per boundary cost a 
 model as much as its steps (docs/performance.md, "The loop boundary"). Writers are
 opened on first use, so constructing this writes nothing. What each tag means is in
 docs/monitoring.md.
+
+A write that fails for the storage's sake (a full disk, a read-only file system: a
+TensorFlow OpError naming the OS error, when a writer is created, written, flushed or
+closed) is the one-line StorageError every other model_dir write gives (exit 1), not
+a traceback; the writers are then dropped, so the close in the run's `finally` does not
+fail a second time over the same disk.
 """
 import contextlib
 import json
@@ -14,6 +20,7 @@ import os
 import struct
 import time
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
@@ -23,7 +30,9 @@ from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from trainer.errors import StorageError
 from trainer.state import model_dir as layout
+from trainer.state import storage
 
 _SAMPLE_IMAGES = 8
 # What tf.summary.scalar attaches: TensorBoard's Scalars tab shows the value.
@@ -49,9 +58,34 @@ class Summaries:
     if split not in self._writers:
       # Events queue in memory until _write_kept flushes them (once a second at most): the
       # default queue of 10 meant a write to the file every 10 scalars.
-      self._writers[split] = tf.summary.create_file_writer(
-          os.path.join(self.root, split), max_queue=_EVENTS_QUEUED, flush_millis=10_000)
+      with self._storage_failures(split):  # it writes the file's first event at once
+        self._writers[split] = tf.summary.create_file_writer(
+            os.path.join(self.root, split), max_queue=_EVENTS_QUEUED, flush_millis=10_000)
     return self._writers[split]
+
+  @contextlib.contextmanager
+  def _storage_failures(self, split: str):
+    """A full disk (or the like) under tensorboard/SPLIT as the one line, the writers
+    dropped; anything else propagates as it is (a bug, not the disk's fault)."""
+    try:
+      yield
+    except (tf.errors.OpError, OSError) as error:
+      if storage.reason(error) is None:
+        raise
+      self._drop_writers()
+      raise storage.failure(f"the TensorBoard {split} events", os.path.join(self.root, split),
+                            error) from None
+
+  def _drop_writers(self) -> None:
+    """Forgets every writer and kept row, closing each writer quietly (what they held
+    cannot be written anyway); later calls write nothing."""
+    writers, self._writers, self._scalar_writers, self._kept = self._writers, {}, {}, {}
+    self._enabled = False
+    for writer in writers.values():
+      try:
+        writer.close()
+      except (tf.errors.OpError, OSError):
+        pass
 
   def scalars(self, split: str, step: int, values: dict) -> None:
     """Keeps this step's scalars; writes what is kept once a second at most."""
@@ -67,16 +101,17 @@ class Summaries:
     row) cost more than the rest of a boundary together, a call per row still about as
     much as a tiny model's 50 steps, and an event per scalar (tf.summary.write) five
     times what one event per row costs."""
-    for split, rows in self._kept.items():
-      if len(rows) <= _ROWS_WRITTEN_EAGERLY and split not in self._scalar_writers:
-        with self._writer(split).as_default():  # a short run's only rows, an eval's
-          for step, event in rows:
-            tf.summary.experimental.write_raw_pb(event, step=step)
-      else:
-        self._scalar_writer(split)(tf.constant([step for step, _ in rows], tf.int64),
-                                   tf.constant([event for _, event in rows], tf.string))
-      self._writer(split).flush()  # on disk within a second, as before
-    self._kept = {}
+    kept, self._kept = self._kept, {}
+    for split, rows in kept.items():
+      with self._storage_failures(split):
+        if len(rows) <= _ROWS_WRITTEN_EAGERLY and split not in self._scalar_writers:
+          with self._writer(split).as_default():  # a short run's only rows, an eval's
+            for step, event in rows:
+              tf.summary.experimental.write_raw_pb(event, step=step)
+        else:
+          self._scalar_writer(split)(tf.constant([step for step, _ in rows], tf.int64),
+                                     tf.constant([event for _, event in rows], tf.string))
+        self._writer(split).flush()  # on disk within a second, as before
     self._last_write = time.monotonic()
 
   def _scalar_writer(self, split: str):
@@ -101,7 +136,7 @@ class Summaries:
     if not self._enabled:
       return
     flat = flatten_config(config)
-    with self._writer("train").as_default(step=step):
+    with self._storage_failures("train"), self._writer("train").as_default(step=step):
       rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in flat.items())
       tf.summary.text("config", "| field | value |\n| --- | --- |\n" + rows)
       hparams_api.hparams(flat, trial_id=os.path.dirname(self.root))
@@ -110,14 +145,14 @@ class Summaries:
     """A markdown text in TensorBoard's Text tab (train run)."""
     if not self._enabled:
       return
-    with self._writer("train").as_default(step=step):
+    with self._storage_failures("train"), self._writer("train").as_default(step=step):
       tf.summary.text(tag, markdown)
 
   def sample_images(self, step: int, images: np.ndarray) -> None:
     """A few training inputs as the model sees them (once, at the start of a run)."""
     if not self._enabled:
       return
-    with self._writer("train").as_default(step=step):
+    with self._storage_failures("train"), self._writer("train").as_default(step=step):
       tf.summary.image("input_samples", images[:_SAMPLE_IMAGES], max_outputs=_SAMPLE_IMAGES)
 
   @contextlib.contextmanager
@@ -130,22 +165,34 @@ class Summaries:
     try:
       yield
     finally:
-      with self._writer("train").as_default(step=step):
-        tf.summary.trace_export("train_loop", step=step)
+      if not self._enabled:  # a failed write inside the block dropped the writers
+        tf.summary.trace_off()
+      else:
+        with self._storage_failures("train"), self._writer("train").as_default(step=step):
+          tf.summary.trace_export("train_loop", step=step)
 
   def flush(self) -> None:
     if self._kept:
       self._write_kept()
-    for writer in self._writers.values():
-      writer.flush()
+    for split, writer in list(self._writers.items()):
+      with self._storage_failures(split):
+        writer.flush()
 
-  def close(self) -> None:
-    if self._kept:
-      self._write_kept()
-    for writer in self._writers.values():
-      writer.close()
-    self._writers = {}
-    self._scalar_writers = {}
+  def close(self, *, quiet: bool = False) -> None:
+    """Writes what is kept and closes the writers. `quiet`: a storage failure is a
+    warning (the run is ending with another error, the one to report)."""
+    try:
+      if self._kept:
+        self._write_kept()
+      for split, writer in list(self._writers.items()):
+        with self._storage_failures(split):
+          writer.close()
+        del self._writers[split]
+      self._scalar_writers = {}
+    except StorageError as e:
+      if not quiet:
+        raise
+      logging.warning("%s", e)
 
 
 def _scalars_event(values: dict) -> bytes:

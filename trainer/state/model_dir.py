@@ -13,15 +13,18 @@
                         step, "train_steps": the run's train.steps, "reason": "train.steps"
                         or "stopped by <action>" (an Action's "stop", early_stop)};
                         removed when a run trains here again. What every waiter reads
-                        (continuous_eval, the evaluator task: the final step is this one)
+                        (continuous_eval, the evaluator task: the final step is this one);
+                        one that cannot be parsed, or whose step has no checkpoint, is
+                        refused (exit 2: `finished_record`)
   .lock                 held by the writing trainer (trainer/state/writer_lock.py)
 
 `check_local` refuses a URL (`gs://`, `s3://`, any `scheme://`): the lock and the
 atomic renames need a POSIX file system, so a bucket is used through a FUSE mount.
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
-symbolic link loop); `check_writable` finds a read-only directory at start-up,
-not at the first save after the training.
+symbolic link loop); `check_writable` finds a read-only directory at start-up (exit 2,
+as the writer lock finds a model_dir that cannot be created or written at all), not at
+the first save after the training.
 """
 import json
 import math
@@ -88,20 +91,21 @@ def check_layout(model_dir: str) -> None:
 
 
 def check_writable(model_dir: str) -> None:
-  """StorageError (exit 1) unless model_dir and each directory the run writes that
-  already exists take a new entry: a real probe (a directory created and removed), as
-  permission bits say nothing to root and nothing about a read-only mount."""
+  """UserError (exit 2: a read-only or denied directory, storage.start_up_failure) or
+  StorageError (exit 1: a full or sick disk) unless model_dir and each directory the run
+  writes that already exists take a new entry: a real probe (a directory created and
+  removed), as permission bits say nothing to root and nothing about a read-only mount."""
   for directory in (model_dir, *(os.path.join(model_dir, name) for name in _WRITTEN_DIRECTORIES)):
     if not os.path.isdir(directory):
       continue
     try:
       os.rmdir(tempfile.mkdtemp(prefix=".distloop-probe-", dir=directory))
     except OSError as e:
-      if storage.reason(e) is None:
-        raise
-      raise StorageError(f"{storage.failure('files', directory, e)}; found at start-up: "
-                         f"nothing was trained (make it writable, or use another "
-                         f"--model_dir)") from None
+      refusal = storage.start_up_failure("files", directory, e)
+      if isinstance(refusal, StorageError):
+        raise StorageError(f"{refusal}; found at start-up: nothing was trained (make room, "
+                           f"or use another --model_dir)") from None
+      raise refusal from None
 
 
 def holds_results(model_dir: str) -> bool:
@@ -183,13 +187,65 @@ def clear_finished(model_dir: str) -> None:
 def final_step(model_dir: str, train_steps: int) -> int | None:
   """The step a run to `train_steps` ended at, if finished.json says it ended (an early
   stop ends below train_steps; a record of a run to other train.steps is not this run's
-  unless it reached them)."""
-  record = read_json(finished_path(model_dir))
-  if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+  unless it reached them). UserError for a broken finished.json (`finished_record`)."""
+  record = finished_record(model_dir)
+  if record is None:
     return None
   if record["step"] >= train_steps or record.get("train_steps") == train_steps:
     return record["step"]
   return None
+
+
+def finished_record(model_dir: str) -> dict | None:
+  """finished.json's record ({"step": int, ...}), or None where there is none.
+
+  It says where training ended, so it decides when continuous_eval and the evaluator
+  task stop waiting and whether a rerun is already finished. One that cannot be parsed,
+  or whose step has no checkpoint on disk, was not written so by distloop (an edit, a
+  corruption): ignoring it was silent (a sidecar waiting out eval.timeout_seconds, an
+  hour, for a step that never comes; a rerun training on past an early stop), and so
+  would be guessing. Refused instead: UserError (exit 2), one line naming the file and
+  what is wrong."""
+  path = finished_path(model_dir)
+  for _ in range(2):
+    try:
+      with open(path, "rb") as f:
+        raw = f.read()
+    except FileNotFoundError:
+      return None
+    except OSError as e:
+      raise UserError(f"{path} cannot be read ({e.strerror}); {_FINISHED_ADVICE}") from None
+    try:
+      record = json.loads(raw.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError included
+      raise UserError(f"{path} is not JSON ({e}); {_FINISHED_ADVICE}") from None
+    step = record.get("step") if isinstance(record, dict) else None
+    if (not isinstance(step, int) or isinstance(step, bool) or step < 0
+        or not isinstance(record.get("train_steps", 0), int)):
+      raise UserError(f"{path} holds no integer \"step\" and \"train_steps\" "
+                      f"({raw[:80].decode('utf-8', 'replace')!r}); {_FINISHED_ADVICE}")
+    if os.path.isdir(os.path.join(checkpoint_dir(model_dir), str(step))):
+      return record
+    # A rerun clears finished.json before it trains on (and retention removes the step):
+    # read again, so a record replaced meanwhile is not refused.
+  on_disk = sorted(int(name) for name in _listdir(checkpoint_dir(model_dir)) if name.isdigit())
+  present = (f"the checkpoints there are of step(s) {', '.join(map(str, on_disk[-5:]))}"
+             if on_disk else "there is no checkpoint")
+  raise UserError(f"{path} says training ended at step {step}, but "
+                  f"{os.path.join(checkpoint_dir(model_dir), str(step))} is not on disk "
+                  f"({present}); {_FINISHED_ADVICE}")
+
+
+_FINISHED_ADVICE = ("it records where training ended, so it is not guessed: put back the one "
+                    "the finished run wrote, or remove it (training then goes on to "
+                    "train.steps, and continuous_eval waits for that step)")
+
+
+def _listdir(directory: str) -> list[str]:
+  try:
+    return os.listdir(directory)
+  except OSError:
+    return []
 
 
 def metrics_csv_path(model_dir: str) -> str:

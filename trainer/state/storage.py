@@ -12,7 +12,7 @@ import errno
 import os
 import re
 
-from trainer.errors import StorageError
+from trainer.errors import StorageError, UserError
 
 # A full or read-only disk, a denied permission, and the I/O failures of a sick disk
 # or a network file system (a server gone, a stale handle, a timeout): the storage's
@@ -21,6 +21,12 @@ _ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, e
            errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.ETIMEDOUT, errno.EHOSTDOWN,
            errno.EHOSTUNREACH, errno.ECONNRESET, errno.ENOLINK, errno.EREMOTEIO)
 _REASONS = tuple(os.strerror(code) for code in _ERRNOS)
+# What the path itself refuses, for good (a read-only file system, a denied permission,
+# a place where no file can be made: /proc answers ENOENT, /sys EPERM): found at start-up,
+# before anything was written, that is a --model_dir to change, not a failed run. A full
+# disk or a sick storage stays a failure (exit 1): the same command works once it is fixed.
+_PATH_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR,
+                errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EINVAL)
 
 
 def reason(error: BaseException) -> str | None:
@@ -72,6 +78,21 @@ def failure(what: str, where: str, error: BaseException,
     sizes.append(f"{_size(free)} free there")
   detail = f" ({'; '.join(sizes)})" if sizes else ""
   return StorageError(f"cannot write {what} to {where}: {reason(error) or error}{detail}")
+
+
+def start_up_failure(what: str | None, where: str, error: OSError) -> Exception:
+  """A write at start-up, before the run wrote anything, failed with `error`: UserError
+  (exit 2) if the path refuses it (_PATH_ERRNOS), one line naming what and where; the
+  StorageError of `failure()` (exit 1) for a storage failure; `error` itself otherwise.
+  `what` None: creating the directory `where` (--model_dir) failed."""
+  if isinstance(error, OSError) and error.errno in _PATH_ERRNOS:
+    action = f"create --model_dir={where}" if what is None else f"write {what} to {where}"
+    return UserError(f"cannot {action}: {os.strerror(error.errno)}; found at "
+                     f"start-up, nothing was written: make it writable, or use another "
+                     f"--model_dir")
+  if reason(error) is None:
+    return error
+  return failure(what or "the directory --model_dir", where, error)
 
 
 def read_failure(what: str, where: str, error: BaseException) -> StorageError:

@@ -47,6 +47,9 @@ class WriterLock:
     path = layout.lock_path(model_dir)
     try:
       os.makedirs(model_dir, exist_ok=True)
+    except OSError as e:  # /proc/x: ENOENT; a read-only parent: EROFS (exit 2, one line)
+      raise storage.start_up_failure(None, model_dir, e) from None
+    try:
       while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -69,10 +72,10 @@ class WriterLock:
       os.ftruncate(fd, 0)
       os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
-    except OSError as e:
-      if storage.reason(e) is None:
-        raise
-      raise storage.failure("the writer lock", path, e) from None
+    except OSError as e:  # /proc/self: ENOENT; a read-only model_dir: EROFS (exit 2)
+      if created:  # a refused run leaves no model_dir behind
+        shutil.rmtree(model_dir, ignore_errors=True)
+      raise storage.start_up_failure("the writer lock", path, e) from None
     return cls(path, fd, created)
 
   def release(self, *, refused: bool = False) -> None:

@@ -29,6 +29,13 @@ NONFINITE_POLICIES = ("stop", "rollback")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BEST_MODES = ("max", "min")
 IF_UNREADABLE = ("stop", "start_over")
+# runtime.intra_op_threads above the larger of this and the machine's cores is refused:
+# TensorFlow starts the whole pool at once, and a count the system cannot give threads
+# for (100000: pthread_create fails, EAGAIN) aborts the process in C++, whose teardown
+# then hangs until killed. Not the cores alone: a deterministic job keeps its value on
+# every machine it resumes on (the summation order follows it), so a smaller machine
+# must not refuse it; 1024 threads start in well under a second (4096 did too, measured).
+MOST_THREADS_PER_OP = 1024
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -131,7 +138,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   _one_of(config, "runtime.strategy", STRATEGIES)
   _positive(config, "runtime.num_cpu_devices")
-  _non_negative(config, "runtime.intra_op_threads")
+  _threads_per_op(config)
   _non_negative(config, "runtime.seed")
   _non_negative(config, "runtime.all_reduce_bytes_per_pack")
   _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
@@ -284,6 +291,19 @@ def _in_range(config, field, low, high, high_inclusive=True):
   if value < low or above:
     bracket = "]" if high_inclusive else ")"
     raise UserError(f"{field}={value!r} must be in [{low}, {high}{bracket}")
+
+
+def _threads_per_op(config) -> None:
+  """runtime.intra_op_threads: 0 (the default) up to MOST_THREADS_PER_OP or the cores."""
+  _non_negative(config, "runtime.intra_op_threads")
+  value, cores = config.runtime.intra_op_threads, os.cpu_count() or 1
+  bound = max(MOST_THREADS_PER_OP, cores)
+  if value > bound:
+    raise UserError(f"runtime.intra_op_threads={value!r} is above {bound}, the most distloop "
+                    f"allows (the larger of {MOST_THREADS_PER_OP} and this machine's {cores} "
+                    f"cores): TensorFlow starts every one of them at once, and a count the "
+                    f"system cannot give aborts the process; use at most the cores, or 0 for "
+                    f"the default")
 
 
 def _profile_window(spec: str) -> None:
