@@ -201,7 +201,8 @@ def finished_record(model_dir: str) -> dict | None:
 
   It says where training ended, so it decides when continuous_eval and the evaluator
   task stop waiting and whether a rerun is already finished. One that cannot be parsed,
-  or whose step has no checkpoint on disk, was not written so by distloop (an edit, a
+  or whose step has no checkpoint on disk (nor one distloop set aside as unreadable:
+  then the run is no longer finished), was not written so by distloop (an edit, a
   corruption): ignoring it was silent (a sidecar waiting out eval.timeout_seconds, an
   hour, for a step that never comes; a rerun training on past an early stop), and so
   would be guessing. Refused instead: UserError (exit 2), one line naming the file and
@@ -226,6 +227,9 @@ def finished_record(model_dir: str) -> dict | None:
                       f"({raw[:80].decode('utf-8', 'replace')!r}); {_FINISHED_ADVICE}")
     if os.path.isdir(os.path.join(checkpoint_dir(model_dir), str(step))):
       return record
+    if any(name.split(".")[0] == str(step)
+           for name in _listdir(corrupt_checkpoint_dir(model_dir))):
+      return None  # its step proved unreadable and was set aside: training is not finished
     # A rerun clears finished.json before it trains on (and retention removes the step):
     # read again, so a record replaced meanwhile is not refused.
   on_disk = sorted(int(name) for name in _listdir(checkpoint_dir(model_dir)) if name.isdigit())
