@@ -59,8 +59,8 @@ CATALOGUE = [
     # -- the checkpoint and the resume ----------------------------------------------------
     Mutation(
         name="task_state_left_out_of_checkpoint",
-        plants="the checkpoint leaves out the task's own state (state/...: layers, variables, "
-               "random generators it holds)",
+        plants="the checkpoint leaves out the task's own state (state/...: the layers, "
+               "variables and random generators it holds beside its models)",
         file="trainer/state/train_state.py",
         old="    model_tree = checkpoints.variables_tree(self._model_variables)\n"
             "    optimizer_tree = checkpoints.variables_tree(self._optimizer_variables)\n"
@@ -69,7 +69,8 @@ CATALOGUE = [
             "self._model_variables.items() if not key.startswith('state/')})\n"
             "    optimizer_tree = checkpoints.variables_tree(self._optimizer_variables)\n"
             "    bad =",
-        slice=(_LAYER_ATTRIBUTES_RESUME,)),
+        slice=("tests/test_task_state.py::test_variables_held_in_a_list_are_saved_once_and_a_"
+               "resume_equals_the_run",)),
     Mutation(
         name="resume_skips_a_batch",
         plants="a resumed run starts one global batch after the checkpointed data position",
