@@ -198,6 +198,28 @@ def test_variables_held_in_a_list_are_saved_once_and_a_resume_equals_the_run(tmp
   np.testing.assert_allclose(float(resumed.scale.numpy()), 0.9 ** 6, rtol=1e-6)
 
 
+def test_a_resume_continues_the_learning_rate_schedule_at_its_step(tmp_path):
+  """The schedule is a function of the optimizer's step count, which the checkpoint holds:
+  3 steps of a rate decaying every step, a resume to 6, end where 6 straight steps end.
+  Catches: a step count restored off by one, or not at all (each resumed step would
+  take another step's rate; plain SGD at a constant rate cannot tell)."""
+  def config(steps):
+    config = _config(steps)
+    config.train.lr_schedule, config.train.lr_decay_steps = "step", 1
+    config.train.lr_decay_rate = 0.7
+    return config
+
+  straight = NestedModel()
+  trainer.run(config(6), str(tmp_path / "straight"), task=straight)
+  trainer.run(config(3), str(tmp_path / "resumed"), task=NestedModel())
+  resumed = NestedModel()
+  assert trainer.run(config(6), str(tmp_path / "resumed"), task=resumed)["step"] == 6
+  assert int(resumed.optimizer.iterations.numpy()) == 6
+  for expected, actual in zip(straight.saved(), resumed.saved()):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=1e-6, rtol=0,
+                               err_msg=expected.path)
+
+
 class LazyVariable(NestedModel):
   """A counter created on the first call of train_step."""
 

@@ -1,0 +1,288 @@
+"""The planted bugs, one `Mutation` each: a real guarantee-breaking bug in trainer/ or
+input_pipelines/, and the tests that must catch it (tests/mutations/__init__.py).
+
+To add one: append an entry. `old` is text copied from the file, which must occur there
+exactly once (make it longer until it does); `new` is the bug; `also` holds further
+edits of the same bug; `slice` names the fastest tests that catch it (pytest node ids,
+a parametrized test with its id in brackets; `python -m pytest --collect-only -q FILE`
+lists them). Check it with `python -m tests.mutations --only NAME --baseline`, then
+regenerate docs/testing.md's table (`python -m tests.mutations --markdown`).
+"""
+from tests.mutations import Edit, Mutation
+
+_SAME_WEIGHTS_2 = ("tests/test_user_plugins.py::test_same_weights_on_several_replicas_with_"
+                   "plain_sgd[2]")
+_LAYER_ATTRIBUTES_RESUME = ("tests/test_task_state.py::test_state_beyond_top_level_models_is_"
+                            "saved_and_a_resume_equals_the_run[LayerAttributes-keys0]")
+_SIGTERM_CONFIGURED_CODE = ("tests/test_preempted_exit_code.py::test_sigterm_exits_with_the_"
+                            "configured_code_and_the_same_command_resumes")
+_EPOCH_PERMUTATION = ("tests/test_batching.py::test_each_epoch_is_a_permutation_that_depends_on_"
+                      "seed_and_epoch")
+
+CATALOGUE = [
+    # -- the one gradient reduction, the global-batch loss --------------------------------
+    Mutation(
+        name="gradient_reduced_twice",
+        plants="the replicas' gradients are all-reduced a second time (2x the gradient on 2 "
+               "replicas)",
+        file="trainer/task/contexts.py",
+        old="reduced = _all_sum(context, gradients, self._communication_options)",
+        new="reduced = _all_sum(context, _all_sum(context, gradients, "
+            "self._communication_options), self._communication_options)",
+        slice=(_SAME_WEIGHTS_2,)),
+    Mutation(
+        name="loss_over_replica_batch",
+        plants="the loss is divided by the per-replica batch, not the global batch",
+        file="trainer/task/contexts.py",
+        old="global_batch_size=self.global_batch_size)",
+        new="global_batch_size=self.global_batch_size // self.num_replicas)",
+        slice=(_SAME_WEIGHTS_2,)),
+    Mutation(
+        name="central_storage_without_first_replica_rule",
+        plants="under central_storage a variable each replica assigns (Dropout's seed) keeps "
+               "aggregation NONE (commit 42b8b60's rule removed)",
+        file="trainer/loop/steps.py",
+        old='      kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA\n',
+        new="      pass\n",
+        slice=("tests/test_multi_worker.py::test_central_storage_trains_like_mirrored_with_state_"
+               "each_replica_assigns[dropout]",)),
+    Mutation(
+        name="replicas_keep_their_own_statistics",
+        plants="the replicas' copies of BatchNorm's moving statistics never agree on the first "
+               "replica's (eval and checkpoint disagree)",
+        file="trainer/loop/steps.py",
+        old="    if local:\n      strategy.run(lambda: replicas_agree(local))\n",
+        new="",
+        slice=("tests/test_batchnorm_eval.py::test_two_replicas_report_the_eval_of_their_"
+               "checkpoint",)),
+
+    # -- the checkpoint and the resume ----------------------------------------------------
+    Mutation(
+        name="task_state_left_out_of_checkpoint",
+        plants="the checkpoint leaves out the task's own state (state/...: the layers, "
+               "variables and random generators it holds beside its models)",
+        file="trainer/state/train_state.py",
+        old="    model_tree = checkpoints.variables_tree(self._model_variables)\n"
+            "    optimizer_tree = checkpoints.variables_tree(self._optimizer_variables)\n"
+            "    bad =",
+        new="    model_tree = checkpoints.variables_tree({key: variable for key, variable in "
+            "self._model_variables.items() if not key.startswith('state/')})\n"
+            "    optimizer_tree = checkpoints.variables_tree(self._optimizer_variables)\n"
+            "    bad =",
+        slice=("tests/test_task_state.py::test_variables_held_in_a_list_are_saved_once_and_a_"
+               "resume_equals_the_run",)),
+    Mutation(
+        name="resume_skips_a_batch",
+        plants="a resumed run starts one global batch after the checkpointed data position",
+        file="trainer/state/train_state.py",
+        old='return Position(step, int(meta["examples_consumed"])), None',
+        new='return Position(step, int(meta["examples_consumed"]) + '
+            'self._config.train.global_batch_size), None',
+        slice=(_LAYER_ATTRIBUTES_RESUME,)),
+    Mutation(
+        name="resume_lr_schedule_one_step_ahead",
+        plants="a restore puts the optimizer's step count one ahead (the learning-rate schedule "
+               "is off by one step after a resume)",
+        file="trainer/state/train_state.py",
+        old="    checkpoints.assign_tree(optimizer_variables, optimizer_tree)\n",
+        new="    checkpoints.assign_tree(optimizer_variables, optimizer_tree)\n"
+            "    for key, variable in optimizer_variables.items():\n"
+            "      if key.endswith('/iteration'):\n"
+            "        variable.assign_add(1)\n",
+        slice=("tests/test_task_state.py::test_a_resume_continues_the_learning_rate_schedule_"
+               "at_its_step",)),
+    Mutation(
+        name="checkpoint_other_shapes_accepted",
+        plants="a checkpoint whose variables have other shapes is not refused (warm start, resume)",
+        file="trainer/state/checkpoints.py",
+        old="    if stored[key] != wanted[key]:",
+        new="    if False:",
+        slice=("tests/test_checkpoint_recovery.py::test_warm_start_from_another_model_is_"
+               "refused",)),
+    Mutation(
+        name="fixed_field_may_change_on_resume",
+        plants="runtime.seed (the data order) is no longer a field a resume must keep",
+        file="trainer/state/config_changes.py",
+        old='    "runtime.seed": "the data order (and synthetic data)",\n',
+        new="",
+        slice=("tests/test_resume_config.py::test_which_fields_a_resume_may_change",
+               "tests/test_resume_config.py::test_changing_a_fixed_field_on_resume_is_refused"
+               "[--config.runtime.seed=1-runtime.seed-0-1]")),
+    Mutation(
+        name="writer_lock_shared",
+        plants="the model_dir lock is a shared flock: two trainers may write one model_dir",
+        file="trainer/state/writer_lock.py",
+        old="fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        new="fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
+        slice=("tests/test_one_writer.py::test_lock_unit",)),
+    Mutation(
+        name="non_finite_state_saved",
+        plants="non-finite loss or weights neither stop the run nor are refused by the save: "
+               "NaN becomes a checkpoint",
+        file="trainer/loop/controller.py",
+        old="        if non_finite or not bool(state_finite):\n",
+        new="        if False:\n",
+        also=(Edit("trainer/state/train_state.py", "    if bad:\n", "    if False:\n"),),
+        slice=("tests/test_non_finite.py::test_divergence_stops_and_checkpoints_stay_finite",)),
+    Mutation(
+        name="save_guard_removed",
+        plants="the save itself no longer refuses non-finite state (only the loop's check is "
+               "left)",
+        file="trainer/state/train_state.py",
+        old="    if bad:\n",
+        new="    if False:\n",
+        slice=("tests/test_train_state.py::test_the_save_itself_refuses_non_finite_state",)),
+    Mutation(
+        name="resume_from_the_oldest_checkpoint",
+        plants="a resume restores the oldest readable checkpoint, not the newest",
+        file="trainer/state/train_state.py",
+        old="    return earlier[-1] if earlier else -1",
+        new="    return earlier[0] if earlier else -1",
+        slice=("tests/test_python_api.py::test_one_process_trains_resumes_and_trains_another_"
+               "config",)),
+    Mutation(
+        name="rollback_rereads_the_bad_batches",
+        plants="a rollback restores the checkpoint but re-reads the data that diverged instead "
+               "of skipping past it",
+        file="trainer/loop/controller.py",
+        old="    return Position(restored.step, reached.examples)",
+        new="    return restored",
+        slice=("tests/test_checkpoint_recovery.py::test_rollback_restores_and_skips_ahead_until_"
+               "its_budget_is_spent",)),
+
+    # -- preemption -----------------------------------------------------------------------
+    Mutation(
+        name="preempted_exits_0",
+        plants="a run stopped by SIGTERM exits 0 (done) instead of 42 / --preempted_exit_code",
+        file="trainer/cli/main.py",
+        old="    _report_preempted(e)\n    _leave(errors.preempted_exit_code())",
+        new="    _report_preempted(e)\n    _leave(0)",
+        slice=(_SIGTERM_CONFIGURED_CODE,)),
+    Mutation(
+        name="sigterm_save_skipped",
+        plants="SIGTERM during training exits 42 without saving the current step",
+        file="trainer/loop/controller.py",
+        old="    try:\n      self.save(position)\n      self.train_state.wait()\n",
+        new="    try:\n      self.train_state.wait()\n",
+        slice=(_SIGTERM_CONFIGURED_CODE,)),
+
+    # -- the data order and the batches ---------------------------------------------------
+    Mutation(
+        name="order_ignores_epoch",
+        plants="every epoch reads the same permutation of the data",
+        file="input_pipelines/order.py",
+        old="tf.fill(tf.shape(positions), seed), epochs], axis=1)",
+        new="tf.fill(tf.shape(positions), seed), tf.zeros_like(epochs)], axis=1)",
+        slice=(_EPOCH_PERMUTATION,)),
+    Mutation(
+        name="order_ignores_seed",
+        plants="runtime.seed does not change the data order",
+        file="input_pipelines/order.py",
+        old="tf.fill(tf.shape(positions), seed), epochs], axis=1)",
+        new="tf.fill(tf.shape(positions), tf.constant(0, tf.int64)), epochs], axis=1)",
+        slice=(_EPOCH_PERMUTATION,)),
+    Mutation(
+        name="replicas_read_the_same_rows",
+        plants="every replica reads the first replica's share of each global batch",
+        file="input_pipelines/batching.py",
+        old="    first = start_example + step * global_batch_size + replica * per_replica\n",
+        new="    first = start_example + step * global_batch_size\n",
+        slice=("tests/test_batching.py::test_each_input_pipeline_builds_its_replicas_share_of_"
+               "every_global_batch[1-2]",)),
+    Mutation(
+        name="stream_resume_starts_over",
+        plants="a tf.data stream source resumes from its first example, not its checkpointed "
+               "position",
+        file="input_pipelines/batching.py",
+        old="repeat().skip(start_example)",
+        new="repeat().skip(0)",
+        slice=("tests/test_batching.py::test_a_stream_source_resumes_by_skipping_to_its_"
+               "position",)),
+    Mutation(
+        name="bucketed_batches_without_static_rows",
+        plants="length-grouped training batches lose their static row count (tf.ensure_shape of "
+               "commit 7a346c9 removed)",
+        file="input_pipelines/batching.py",
+        old="lambda t: tf.ensure_shape(t, [per_replica, *t.shape[1:]]), (features, labels))",
+        new="lambda t: t, (features, labels))",
+        slice=("tests/test_bucketing.py::test_grouped_batches_have_their_rows_when_traced",)),
+    Mutation(
+        name="preprocess_seed_ignores_position",
+        plants="data.preprocess gets the same seed for every example (augmentation not random "
+               "per example)",
+        file="input_pipelines/batching.py",
+        old="position]))",
+        new="position * 0]))",
+        slice=("tests/test_batching.py::test_preprocess_is_random_per_example_yet_the_same_"
+               "after_a_resume",)),
+
+    # -- eval: every example once, exact means --------------------------------------------
+    Mutation(
+        name="eval_drops_partial_batch",
+        plants="eval leaves out its final partial batch",
+        file="input_pipelines/batching.py",
+        old="num_batches = -(-num_examples // global_batch_size)",
+        new="num_batches = num_examples // global_batch_size",
+        slice=("tests/test_eval_exact.py::test_three_replicas_count_every_example_once",)),
+    Mutation(
+        name="eval_replicas_read_the_same_slice",
+        plants="every replica evaluates the first replica's slice of each eval batch",
+        file="input_pipelines/batching.py",
+        old="first = tf.minimum(step * global_batch_size + replica * per_replica, end)",
+        new="first = tf.minimum(step * global_batch_size, end)",
+        slice=("tests/test_batching.py::test_eval_shares_cover_every_example_once_with_empty_"
+               "slices[1-3]",)),
+    Mutation(
+        name="eval_mean_of_batch_means",
+        plants="eval values are divided by the number of (replica) batches, not the example "
+               "count",
+        file="trainer/loop/steps.py",
+        old="      sums.append(value * count if value.shape.rank == 0 else\n"
+            "                  tf.reduce_sum(",
+        new="      sums.append(value if value.shape.rank == 0 else\n"
+            "                  tf.reduce_mean(",
+        also=(Edit("trainer/loop/steps.py", "    return tf.stack([count, *sums])",
+                   "    return tf.stack([tf.ones_like(count), *sums])"),),
+        slice=("tests/test_eval_exact.py::test_one_replica_scores_the_same_checkpoint_"
+               "identically",)),
+    Mutation(
+        name="eval_runs_the_model_on_empty_slices",
+        plants="a replica's empty slice of the last eval batch runs the model (oneDNN's "
+               "Conv->BatchNorm fails on it)",
+        file="trainer/loop/steps.py",
+        old="tf.cond(size > 0, lambda: add_batch(features, labels, running), lambda: running)",
+        new="add_batch(features, labels, running)",
+        slice=("tests/test_batchnorm_eval.py::test_conv_batchnorm_two_replicas_with_an_empty_"
+               "slice[1]",)),
+
+    # -- the step's randomness ----------------------------------------------------------
+    Mutation(
+        name="replicas_draw_the_same_noise",
+        plants="step.normal / uniform / example_seeds give every replica the first replica's "
+               "rows of the global batch's draw",
+        file="trainer/task/contexts.py",
+        old="    return values[replica * rows:(replica + 1) * rows]",
+        new="    return values[:rows]",
+        slice=("tests/test_task_helpers.py::test_example_seeds_do_not_change_with_the_replica_"
+               "count",)),
+
+    # -- the moving average ---------------------------------------------------------------
+    Mutation(
+        name="ema_not_served",
+        plants="eval and export use the trained weights, not the moving average "
+               "(train.ema_decay)",
+        file="trainer/loop/controller.py",
+        old="    if self.config.train.ema_eval:\n      return self.state.averaged_weights()\n",
+        new="",
+        slice=("tests/test_optimizers.py::test_the_moving_average_is_evaluated_and_exported_and_"
+               "training_goes_on_from_the_weights",)),
+    Mutation(
+        name="ema_left_in_place_of_the_weights",
+        plants="after eval or export the weights keep the moving average (training goes on "
+               "from it)",
+        file="trainer/task/optimizers.py",
+        old="    for (variable, _), value in zip(pairs, trained):\n      variable.assign(value)\n",
+        new="    pass\n",
+        slice=("tests/test_optimizers.py::test_the_moving_average_is_served_in_place_and_the_"
+               "weights_come_back",)),
+]
