@@ -285,4 +285,50 @@ CATALOGUE = [
         new="    pass\n",
         slice=("tests/test_optimizers.py::test_the_moving_average_is_served_in_place_and_the_"
                "weights_come_back",)),
+
+    # -- the guarantee matrix's own blind spots (issue 43) --------------------------------
+    Mutation(
+        name="position_from_todays_batch",
+        plants="the checkpoint's data position is step x today's batch size (wrong after a "
+               "resume that changed train.global_batch_size)",
+        file="trainer/state/train_state.py",
+        old='"examples_consumed": position.examples,',
+        new='"examples_consumed": position.step * self._config.train.global_batch_size,',
+        slice=("tests/guarantees/test_matrix.py::test_resume_with_changed_fields_equals_the_run_"
+               "with_that_change[cnn-1]",)),
+    Mutation(
+        name="moving_averages_not_checkpointed",
+        plants="the optimizer's moving averages (EMA weights) are left out of the checkpoint",
+        file="trainer/state/train_state.py",
+        old="    self._optimizer_variables = optimizer_variables\n",
+        new="    self._optimizer_variables = {key: variable for key, variable in "
+            "optimizer_variables.items() if 'average' not in key}\n",
+        slice=("tests/guarantees/test_matrix.py::test_sigterm_resume_equals_uninterrupted["
+               "adamw_ema_accumulation-1]",)),
+    Mutation(
+        name="batchnorm_variance_not_checkpointed",
+        plants="BatchNormalization's moving_variance is left out of the checkpoint",
+        file="trainer/state/train_state.py",
+        old="    self._model_variables = model_variables\n",
+        new="    self._model_variables = {key: variable for key, variable in "
+            "model_variables.items() if 'moving_variance' not in key}\n",
+        slice=("tests/guarantees/test_matrix.py::test_sigterm_resume_equals_uninterrupted["
+               "conv_batchnorm-1]",)),
+    Mutation(
+        name="threads_per_op_follow_the_devices",
+        plants="under runtime.deterministic the threads per op are the process's device count "
+               "(another summation order on another shape)",
+        file="trainer/cluster/runtime.py",
+        old="  if runtime_config.deterministic:\n    return 1\n",
+        new="  if runtime_config.deterministic:\n    return max(1, runtime_config.num_cpu_devices)\n",
+        slice=("tests/guarantees/test_matrix.py::test_the_summation_order_does_not_follow_the_"
+               "devices[cnn-one_device-of-2]",)),
+    Mutation(
+        name="eval_skips_partial_batch_matrix",
+        plants="eval leaves out its final partial batch (the matrix's own eval, 3 batches)",
+        file="input_pipelines/batching.py",
+        old="  num_batches = -(-num_examples // global_batch_size)\n",
+        new="  num_batches = max(1, num_examples // global_batch_size)\n",
+        slice=("tests/guarantees/test_matrix.py::test_export_equals_eval[cnn-1]",
+               "tests/guarantees/test_matrix.py::test_eval_equals_mode_eval[cnn-1]")),
 ]
