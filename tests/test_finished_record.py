@@ -68,23 +68,18 @@ def _refusal(result, model_dir, problem: str) -> None:
 
 
 @pytest.mark.parametrize("broken", sorted(_BROKEN))
-def test_continuous_eval_refuses_a_broken_finished_json_at_once(early_stopped, tmp_path, broken):
-  """Before: no word of it, then eval.timeout_seconds (3,600 s) of waiting for step 60."""
+@pytest.mark.parametrize("mode, before_the_fix", [
+    ("continuous_eval", "no word of it, then eval.timeout_seconds (3,600 s) of waiting for "
+                        "step 60"),
+    ("train", "the rerun trained on from step 40 to 60, past the early stop, without a word")])
+def test_a_broken_finished_json_is_refused_at_once(early_stopped, tmp_path, broken, mode,
+                                                   before_the_fix):
+  """continuous_eval and a rerun of training refuse it in one line, nothing written."""
+  del before_the_fix  # what each mode did before (the test's id says which mode)
   content, problem = _BROKEN[broken]
   model_dir = _with_finished_json(early_stopped, tmp_path, content)
   before = _files(model_dir)
-  result = run_trainer(model_dir, *_FLAGS, "--mode=continuous_eval", timeout=120)
-  _refusal(result, model_dir, problem)
-  assert _files(model_dir) == before
-
-
-@pytest.mark.parametrize("broken", sorted(_BROKEN))
-def test_a_rerun_refuses_a_broken_finished_json(early_stopped, tmp_path, broken):
-  """Before: the rerun trained on from step 40 to 60, past the early stop, without a word."""
-  content, problem = _BROKEN[broken]
-  model_dir = _with_finished_json(early_stopped, tmp_path, content)
-  before = _files(model_dir)
-  result = run_trainer(model_dir, *_FLAGS, "--mode=train", timeout=120)
+  result = run_trainer(model_dir, *_FLAGS, f"--mode={mode}", timeout=120)
   _refusal(result, model_dir, problem)
   assert _files(model_dir) == before
 
