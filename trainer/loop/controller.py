@@ -223,6 +223,7 @@ class Trainer:
     self.mlflow_log.start(config.to_dict())  # may refuse (exit 2): before any write
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
+      self.train_state.record_run()  # run_id.json: the run the steps saved from now name
       layout.clear_finished(self.model_dir)  # training again: not finished until it ends
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
     self.summaries.describe_run(position.step, config.to_dict())

@@ -38,11 +38,28 @@ included: it is refused, not trusted. `check_step` compares the step being
 restored (a resume, eval, export, continuous_eval) with this run: a step of
 another run copied into checkpoints/ is refused the same way, and never taken for
 a corrupt one (nothing is moved). A step written before meta held an identity is
-judged by its meta's config. Pure Python.
+judged by its meta's config.
+
+Which run: fields alone cannot tell two runs apart that differ only in what a resume
+may change (train.learning_rate), so each run has an id (a uuid4), created by the
+chief when a run first starts in a model_dir (a warm start from checkpoint.init_from
+too: a new run, never the source's id) and kept in model_dir/run_id.json, and each
+step's meta names its run (identity["run_id"]). `check_run` refuses the step being
+restored (a resume, eval, export, continuous_eval: TrainState, after `check_step`,
+so a step whose fields or Task differ is named by them) if it is another run's, in
+one line, nothing moved; `check` reads the fixed fields of this run's newest step,
+never another run's (whose values it would tell the user to keep). The id
+lives in its own file, not config.json (a copy, edited, deleted, loaded as a config)
+nor the earliest step (retention deletes it, and a step copied in can be earlier):
+without run_id.json, the model_dir's run is the one its steps name (`model_dir_run`),
+and steps naming more than one (or some none) are refused until one is moved out.
+Steps and model_dirs written before run ids (none recorded) are taken as this
+model_dir's run. Pure Python.
 """
 import hashlib
 import json
 import os
+import uuid
 
 from absl import logging
 
@@ -149,11 +166,68 @@ def _recorded_batch_size(model_dir: str):
   return None
 
 
-def identity(config_dict: dict, task_name: str, keyed_shapes: dict) -> dict:
+def identity(config_dict: dict, task_name: str, keyed_shapes: dict,
+             run_id: str | None = None) -> dict:
   """What a checkpoint step records of its run (meta["identity"]): the fixed fields
-  (flat), the Task's class ('module:Class') and its structure (`structure`)."""
-  return {"fixed": fixed_fields(config_dict), "task": task_name,
-          "structure": structure(keyed_shapes)}
+  (flat), the Task's class ('module:Class'), its structure (`structure`) and the run's
+  id (`run_id`: which run of that config it is)."""
+  recorded = {"fixed": fixed_fields(config_dict), "task": task_name,
+              "structure": structure(keyed_shapes)}
+  if run_id:
+    recorded["run_id"] = run_id
+  return recorded
+
+
+def new_run_id() -> str:
+  return uuid.uuid4().hex
+
+
+def step_run(meta: dict) -> str | None:
+  """The run id a step's meta names; None for a step written before run ids."""
+  recorded = meta.get("identity") if isinstance(meta, dict) else None
+  run_id = recorded.get("run_id") if isinstance(recorded, dict) else None
+  return run_id if isinstance(run_id, str) and run_id else None
+
+
+def model_dir_run(model_dir: str) -> tuple[str | None, str]:
+  """(the run id of model_dir, where it was read): run_id.json's; without it, the one
+  every step's meta names (run_id.json lost, or a model_dir copied without it); None
+  if nothing names one (a fresh model_dir, or one written before run ids). UserError
+  if the steps name more than one run (or some name none): without run_id.json,
+  nothing says which of them is this model_dir's."""
+  recorded = layout.read_run_id(model_dir)
+  if recorded:
+    return recorded, layout.run_id_path(model_dir)
+  runs = {}  # step -> its run id (None: written before run ids)
+  for step in _steps(model_dir):
+    meta = _meta(model_dir, step)
+    if isinstance(meta, dict):
+      runs[step] = step_run(meta)
+  named = set(runs.values())
+  if named <= {None}:
+    return None, ""
+  if len(named) == 1:
+    return named.pop(), f"named by each of its steps ({layout.run_id_path(model_dir)} is missing)"
+  steps = ", ".join(f"step {step}: {run or 'no run id'}" for step, run in sorted(runs.items()))
+  raise UserError(f"{layout.checkpoint_dir(model_dir)} holds steps of more than one run "
+                  f"({steps}) and {layout.run_id_path(model_dir)}, which names this "
+                  f"model_dir's run, is missing: move the steps of the other run out of "
+                  f"checkpoints/ (or write {{\"run_id\": \"<this run's id>\"}} there); nothing "
+                  f"was moved or deleted")
+
+
+def check_run(meta: dict, where: str, run: str | None, source: str) -> None:
+  """UserError (nothing moved) if the step at `where` (its `meta`) names a run other
+  than `run`, the model_dir's (read from `source`). A step or a model_dir without a
+  run id (written before run ids) is taken as this run."""
+  theirs = step_run(meta)
+  if theirs is None or run is None or theirs == run:
+    return
+  raise UserError(f"{where} belongs to another run (run {theirs}; this model_dir's run is "
+                  f"{run}, {source}): a model_dir resumes, evaluates and exports its "
+                  f"own run's steps only; move that step out of {os.path.dirname(where)}, or "
+                  f"to start from another run's weights use --config.checkpoint.init_from="
+                  f"{where} in a new --model_dir (nothing was moved or deleted)")
 
 
 def fixed_fields(config_dict: dict) -> dict:
@@ -219,11 +293,13 @@ def _same_task(recorded: str, current: str) -> bool:
 
 def _recorded(model_dir: str) -> tuple[dict | None, str]:
   """The fixed fields (flat) the model_dir was trained with, and the file they were read
-  from: the newest step's meta that can be read; config.json when none can."""
+  from: the newest step's meta that can be read, of this model_dir's run (a step of
+  another run is not its record: the restore refuses it); config.json when none can."""
+  run, _ = model_dir_run(model_dir)
   for step in reversed(_steps(model_dir)):
     path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
     meta = layout.read_json(path)
-    if isinstance(meta, dict):
+    if isinstance(meta, dict) and step_run(meta) in (None, run):
       recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
       if isinstance(recorded.get("fixed"), dict):
         return recorded["fixed"], path
@@ -233,6 +309,12 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
   if isinstance(copy, dict):
     return fixed_fields(copy), layout.config_path(model_dir)
   return None, ""
+
+
+def _meta(model_dir: str, step: int):
+  """The meta of checkpoints/<step> (a dict), or None if it cannot be read."""
+  return layout.read_json(os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta",
+                                       "metadata"))
 
 
 def _plain(value):

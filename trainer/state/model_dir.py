@@ -8,6 +8,10 @@
   config.json           the resolved config of the last run started here
   config_history/<UTC time>_step<N>.json   every config a run started with, from step N
                         (a new entry only when it differs from the previous one)
+  run_id.json           {"run_id": a uuid4}: which run this model_dir holds, written once by
+                        the chief when a run first starts here (a warm start included: a new
+                        run); every checkpoint step's meta names its run too, and a step of
+                        another run is refused (trainer/state/config_changes.py: check_run)
   summary.json          written when a run finishes
   finished.json         written by the chief last, when training ended: {"step": the final
                         step, "train_steps": the run's train.steps, "reason": "train.steps"
@@ -38,7 +42,7 @@ from trainer.errors import StorageError, UserError
 LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
-_FILES = ("config.json", "summary.json", "finished.json", "metrics.csv", "mlflow_run.json",
+_FILES = ("config.json", "run_id.json", "summary.json", "finished.json", "metrics.csv", "mlflow_run.json",
           LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
@@ -192,6 +196,21 @@ def mismatch_advice(model_dir: str, *, training: bool) -> str:
             f"or use another --model_dir")
   return (f"this model_dir was trained with {recorded}: omit --config, or pass "
           f"--config={recorded}")
+
+
+def run_id_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "run_id.json")
+
+
+def read_run_id(model_dir: str) -> str | None:
+  """The run id run_id.json records; None if it is missing or holds none."""
+  record = read_json(run_id_path(model_dir))
+  run_id = record.get("run_id") if isinstance(record, dict) else None
+  return run_id if isinstance(run_id, str) and run_id else None
+
+
+def write_run_id(model_dir: str, run_id: str) -> None:
+  write_json(run_id_path(model_dir), {"run_id": run_id})
 
 
 def config_history_dir(model_dir: str) -> str:

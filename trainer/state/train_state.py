@@ -8,8 +8,10 @@ right, whatever the loop decides, is here:
   looking; with several workers the chief names each step to try and all go on to
   the one before it unless every worker could read it (the same collectives run on
   every worker);
-- each step's meta carries the run's identity (trainer/state/config_changes.py): a
-  step of another run is refused (UserError) before anything is assigned or moved;
+- each step's meta carries the run's identity (trainer/state/config_changes.py) and its
+  run id (model_dir/run_id.json, written by `record_run`): a step of another run is
+  refused (UserError) before anything is assigned or moved, even one whose fields are
+  this run's (another run of the same config, another learning rate);
 - a corrupt checkpoint (files deleted or truncated) is not a storage error: once an
   older step loads, the unreadable newer ones are set aside in checkpoints_corrupt/
   (kept, not deleted); none readable is refused unless checkpoint.if_unreadable=
@@ -69,6 +71,10 @@ class TrainState:
     self._optimizer_variables = optimizer_variables
     self._agreement = agreement
     self._read_only = read_only
+    self._model_dir = model_dir
+    # This run's id, once the chief recorded it (record_run): what the steps it saves
+    # name. Unset elsewhere: a restore compares with the model_dir's (run_id.json).
+    self._run_id = None
     # What the built-in actions must carry across a resume (early stopping's patience),
     # JSON, saved in each checkpoint's meta and read back with its step.
     self.action_state: dict = {}
@@ -176,9 +182,13 @@ class TrainState:
     if problem is not None:
       return None, problem
     # A step of another run (copied in, or config.json edited): refused, never set aside.
-    config_changes.check_step(meta, os.path.join(self.checkpoints.directory, str(step)),
-                              self._config.to_dict(), self._task_name, self._keyed_shapes(),
-                              training=not self._read_only, may_change=self._may_change)
+    where = os.path.join(self.checkpoints.directory, str(step))
+    config_changes.check_step(meta, where, self._config.to_dict(), self._task_name,
+                              self._keyed_shapes(), training=not self._read_only,
+                              may_change=self._may_change)
+    run, source = ((self._run_id, layout.run_id_path(self._model_dir)) if self._run_id
+                   else config_changes.model_dir_run(self._model_dir))
+    config_changes.check_run(meta, where, run, source)
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     self.action_state = copy.deepcopy(meta.get("actions", {}))
@@ -206,6 +216,17 @@ class TrainState:
                                         "starts over from step 0")
 
   # -- out --------------------------------------------------------------------
+
+  def record_run(self) -> str:
+    """The chief, once every check that can refuse has passed (with config.json): this
+    run's id, the model_dir's (run_id.json; without it, the one its steps name) or a new
+    one (a fresh model_dir, a warm start, a model_dir written before run ids), written
+    to run_id.json if it is not there. Every step saved from now on names it."""
+    run, _ = config_changes.model_dir_run(self._model_dir)
+    self._run_id = run or config_changes.new_run_id()
+    if layout.read_run_id(self._model_dir) != self._run_id:
+      layout.write_run_id(self._model_dir, self._run_id)
+    return self._run_id
 
   def save(self, position: Position) -> bool:
     """Starts an async checkpoint of `position`; False (nothing done) if that step is
@@ -245,7 +266,7 @@ class TrainState:
     meta = {"step": position.step, "examples_consumed": position.examples,
             "config": config_dict, "actions": copy.deepcopy(self.action_state),
             "identity": config_changes.identity(config_dict, self._task_name,
-                                                self._keyed_shapes())}
+                                                self._keyed_shapes(), self._run_id)}
     return model_tree, optimizer_tree, meta
 
   def _keyed_shapes(self) -> dict:
