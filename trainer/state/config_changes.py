@@ -44,9 +44,11 @@ Which run: fields alone cannot tell two runs apart that differ only in what a re
 may change (train.learning_rate), so each run has an id (a uuid4), created by the
 chief when a run first starts in a model_dir (a warm start from checkpoint.init_from
 too: a new run, never the source's id) and kept in model_dir/run_id.json, and each
-step's meta names its run (identity["run_id"]). `check_run` refuses a step of another
-run in one line (before TensorFlow starts for a resume's newest step: `check`; for
-the step restored by a resume, eval, export, continuous_eval: TrainState). The id
+step's meta names its run (identity["run_id"]). `check_run` refuses the step being
+restored (a resume, eval, export, continuous_eval: TrainState, after `check_step`,
+so a step whose fields or Task differ is named by them) if it is another run's, in
+one line, nothing moved; `check` reads the fixed fields of this run's newest step,
+never another run's (whose values it would tell the user to keep). The id
 lives in its own file, not config.json (a copy, edited, deleted, loaded as a config)
 nor the earliest step (retention deletes it, and a step copied in can be earlier):
 without run_id.json, the model_dir's run is the one its steps name (`model_dir_run`),

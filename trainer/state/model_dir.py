@@ -45,8 +45,8 @@ from trainer.errors import StorageError, UserError
 LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
-_FILES = ("config.json", "run_id.json", "summary.json", "finished.json", "metrics.csv", "mlflow_run.json",
-          LOCK_NAME)
+_FILES = ("config.json", "run_id.json", "summary.json", "finished.json", "metrics.csv",
+          "mlflow_run.json", LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
 
