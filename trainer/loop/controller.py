@@ -85,6 +85,7 @@ class Trainer:
     # train.epochs (trainer/task/epochs.py): config.train.steps were derived from the newest
     # checkpoint's data position; the one restored must make the same steps.
     self._epoch_plan = epoch_plan
+    self._position: Position | None = None  # the latest loop boundary's (set by train)
     self.model_dir = model_dir
     self.strategy = strategy
     self.train_source, self.eval_source = splits
@@ -391,8 +392,7 @@ class Trainer:
   def step_reached(self) -> int | None:
     """The step of this run's latest loop boundary (None before its first): where a
     failure after it is reported."""
-    position = getattr(self, "_position", None)
-    return None if position is None else position.step
+    return None if self._position is None else self._position.step
 
   def _at_boundary(self, schedule, position: Position, train_metrics: dict,
                    clock_bits: int) -> bool:
@@ -479,7 +479,7 @@ class Trainer:
     """Saves the step of `boundary` (where a user's Action ended the run) when it is
     the loop's current step and not on disk yet; returns (the latest step on disk, why
     `boundary`'s could not be saved, or "")."""
-    position = getattr(self, "_position", None)
+    position = self._position
     on_disk, unsaved = self.train_state.latest_step(), ""
     if (position is not None and position.step == boundary.step and not self._read_only
         and position.step != on_disk):
