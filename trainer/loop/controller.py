@@ -41,6 +41,7 @@ from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.loop import steps
 from trainer.loop import summaries
+from trainer.state import elastic
 from trainer.state import export
 from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
@@ -132,7 +133,8 @@ class Trainer:
           loss_scales=self.state.loss_scales, clip_norm=config.train.clip_grad_norm,
           communication_options=communication_options,
           jit_compile=jit_compile and not fuse_whole_step, fused_kernels=not jit_compile,
-          tracing_only=tracing_only)
+          tracing_only=tracing_only,
+          per_example_randomness=config.runtime.deterministic and not self.coordinator)
 
     # What the steps return, by name (traced once, nothing runs): the layout of the sums.
     replica_batch = config.train.global_batch_size // (
@@ -143,7 +145,7 @@ class Trainer:
 
     def traced_train_step(batch):
       context_ = step_context(tf.constant(0, tf.int64), tracing_only=True)
-      return (autograph_scope.user_function(self.task.train_step)(batch, context_),
+      return (context_.call(autograph_scope.user_function(self.task.train_step), batch),
               context_.gradient_norms)
 
     with strategy.scope():
@@ -177,7 +179,13 @@ class Trainer:
                                   optimizer_variables=self.state.optimizer_variables,
                                   agreement=self.agreement, is_chief=self.is_chief,
                                   read_only=read_only, task_name=_task_name(self.task),
-                                  may_change=run_fields.may_change(self.task, config.to_dict()))
+                                  may_change=run_fields.may_change(self.task, config.to_dict()),
+                                  shape=elastic.shape(
+                                      replicas=strategy.num_replicas_in_sync,
+                                      workers=runtime.num_workers(strategy),
+                                      strategy=config.runtime.strategy),
+                                  replica_dependence=self.state.replica_dependence(
+                                      config.runtime.deterministic))
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
     self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)

@@ -278,7 +278,7 @@ def make_replica_step(task, sums: Sums, step_context, decode=None, fuse_whole_st
     if decode is not None:
       features = decode(features)
     context = step_context(step)
-    values = autograph_scope.user_function(task.train_step)((features, labels), context)
+    values = context.call(autograph_scope.user_function(task.train_step), (features, labels))
     return running + sums.of_batch(values, _example_count(labels), context.gradient_norms,
                                    step)
 

@@ -35,6 +35,7 @@ from trainer.cluster.agreement import Agreement
 from trainer.errors import NonFiniteError, StorageError, UserError
 from trainer.state import checkpoints
 from trainer.state import config_changes
+from trainer.state import elastic
 from trainer.state import model_dir as layout
 from trainer.state import write_echoes
 
@@ -63,8 +64,13 @@ class TrainState:
 
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str, *,
                model_variables: dict, optimizer_variables: dict, agreement: Agreement,
-               is_chief: bool, read_only: bool, task_name: str = "", may_change=None):
+               is_chief: bool, read_only: bool, task_name: str = "", may_change=None,
+               shape: dict | None = None, replica_dependence: list[str] = ()):
     self._config = config
+    # The shape that trains (elastic.shape), recorded in each step's meta, and what makes
+    # this task's trajectory depend on the replica count: an elastic resume is judged.
+    self._shape = shape
+    self._replica_dependence = list(replica_dependence)
     self._task_name = task_name  # 'module:Class' of the Task: part of each step's identity
     self._may_change = may_change  # the Task's own fields that do not fix the run
     self._model_variables = model_variables
@@ -189,6 +195,13 @@ class TrainState:
     run, source = ((self._run_id, layout.run_id_path(self._model_dir)) if self._run_id
                    else config_changes.model_dir_run(self._model_dir))
     config_changes.check_run(meta, where, run, source)
+    if not self._read_only and self._shape is not None:
+      said = elastic.judge(meta.get("shape"), self._shape, step=step,
+                           deterministic=self._config.runtime.deterministic,
+                           dependence=self._replica_dependence,
+                           allowed=self._config.checkpoint.allow_other_trajectory)
+      if said:
+        logging.warning("%s", said)
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     self.action_state = copy.deepcopy(meta.get("actions", {}))
@@ -266,7 +279,8 @@ class TrainState:
     meta = {"step": position.step, "examples_consumed": position.examples,
             "config": config_dict, "actions": copy.deepcopy(self.action_state),
             "identity": config_changes.identity(config_dict, self._task_name,
-                                                self._keyed_shapes(), self._run_id)}
+                                                self._keyed_shapes(), self._run_id),
+            "shape": self._shape}
     return model_tree, optimizer_tree, meta
 
   def _keyed_shapes(self) -> dict:

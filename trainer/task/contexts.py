@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from trainer.cluster import sharding
 from trainer.task import optimizers
+from trainer.task import randomness
 from trainer.task import sparse_gradients
 from trainer.errors import UserError
 
@@ -57,7 +58,8 @@ class StepContext:
 
   def __init__(self, *, step, global_batch_size: int, num_replicas: int, seed: int,
                loss_scales: dict, clip_norm: float = 0.0, communication_options=None,
-               jit_compile: bool = False, fused_kernels: bool = True, tracing_only: bool = False):
+               jit_compile: bool = False, fused_kernels: bool = True, tracing_only: bool = False,
+               per_example_randomness: bool = False):
     self.step = step
     self.global_batch_size = global_batch_size
     self.num_replicas = num_replicas
@@ -69,6 +71,15 @@ class StepContext:
     self._fused_kernels = fused_kernels
     self._tracing_only = tracing_only  # discovering the step's outputs: nothing is applied
     self.gradient_norms = {}  # name -> (norm, may_overflow), one per apply_gradients
+    # runtime.deterministic: Keras's random layers draw per example (trainer/task/randomness.py).
+    self.per_example_randomness = per_example_randomness
+
+  def call(self, train_step, batch):
+    """`train_step(batch, self)`, its Keras random draws per example when asked."""
+    if not self.per_example_randomness:
+      return train_step(batch, self)
+    with randomness.per_example(self.global_batch_size, self.num_replicas):
+      return train_step(batch, self)
 
   # -- the loss and the update ----------------------------------------------------
 
@@ -154,9 +165,10 @@ class StepContext:
     augmentation is the same for 1, 2 or 3 replicas and in a resumed run. Map it over
     the examples with their seed, e.g. tf.map_fn over (images, seeds) with
     tf.image.stateless_random_flip_left_right(image, seed)."""
-    return self._rows(tf.random.stateless_uniform(
-        [self.global_batch_size, 2], self._step_seed(salt), minval=None, maxval=None,
-        dtype=tf.int64))
+    with randomness.drawn_per_example():
+      return self._rows(tf.random.stateless_uniform(
+          [self.global_batch_size, 2], self._step_seed(salt), minval=None, maxval=None,
+          dtype=tf.int64))
 
   def seed(self, salt: int = 0):
     """A stateless seed ([2] int64) of (runtime.seed, salt, step, replica): one per replica
@@ -170,14 +182,16 @@ class StepContext:
     """Standard-normal noise [this replica's examples, *shape]: the rows of the global
     batch's draw this replica holds, so the global batch's noise is the same for any
     replica count (a GAN's samples, a diffusion model's noise)."""
-    return self._rows(tf.random.stateless_normal(
-        [self.global_batch_size, *shape], self._step_seed(salt), dtype=dtype))
+    with randomness.drawn_per_example():
+      return self._rows(tf.random.stateless_normal(
+          [self.global_batch_size, *shape], self._step_seed(salt), dtype=dtype))
 
   def uniform(self, shape, dtype=tf.float32, salt: int = 0, minval=0, maxval=1):
     """Uniform noise, as `normal`."""
-    return self._rows(tf.random.stateless_uniform(
-        [self.global_batch_size, *shape], self._step_seed(salt), minval=minval,
-        maxval=maxval, dtype=dtype))
+    with randomness.drawn_per_example():
+      return self._rows(tf.random.stateless_uniform(
+          [self.global_batch_size, *shape], self._step_seed(salt), minval=minval,
+          maxval=maxval, dtype=dtype))
 
   def _step_seed(self, salt: int):
     base = tf.constant([self._seed, salt], tf.int64)

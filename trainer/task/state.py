@@ -22,6 +22,8 @@ import tensorflow as tf
 from trainer.task import keys
 from trainer.task import loss_scale as loss_scales
 from trainer.task import optimizers as optimizer_rules
+from trainer.task import randomness
+from trainer.task import replica_dependence
 from trainer.task import stateful_ops
 from trainer.errors import UserError
 
@@ -99,6 +101,10 @@ class TaskState:
         raise UserError(f"{self._task_name}'s optimizer {optimizer.name!r} is not built: "
                         f"call optimizer.build(variables) in build()")
     self.models = keys.model_names(models)
+    # What makes the trajectory depend on the replica count (an elastic resume refuses it).
+    self._unsynchronized_batchnorm = replica_dependence.unsynchronized_batchnorm(self.models,
+                                                                                layers)
+    self._per_replica_draws = []  # the train step's, once traced (check_step)
     self.optimizers = keys.optimizer_names(optimizers)  # checkpoint keys: kept as they were
     # What logs call each optimizer: where the task holds it (`generator_optimizer`), the
     # same in every process (Keras numbers automatic names per process: adam, adam_1).
@@ -141,7 +147,10 @@ class TaskState:
 
     with tf.variable_creator_scope(refuse_creation):
       graph = trace().graph
-    stateful = stateful_ops.first(graph.as_graph_def(), variable_random=False, writes=False)
+    graph_def = graph.as_graph_def()
+    if what == "train_step":
+      self._per_replica_draws = randomness.shape_dependent_draws(graph_def)
+    stateful = stateful_ops.first(graph_def, variable_random=False, writes=False)
     if stateful is not None:
       node, op = stateful
       instead = ("step.normal / step.uniform, or tf.random.stateless_* with seed=step.seed()"
@@ -161,6 +170,14 @@ class TaskState:
             f"{step} uses variable {name!r} that no checkpoint would hold: keep it as an "
             f"attribute of the task (or in a dict or list it holds), or return it from "
             f"state()"))
+
+  def replica_dependence(self, deterministic: bool) -> list[str]:
+    """In words, what makes this task's trajectory depend on the replica count
+    (trainer/task/replica_dependence.py): unsynchronized BatchNorm layers; randomness
+    drawn per replica, under `deterministic` (otherwise no draw is per example, and no
+    number is promised)."""
+    return [*self._unsynchronized_batchnorm,
+            *(replica_dependence.draws(self._per_replica_draws) if deterministic else [])]
 
   def describe(self) -> list[str]:
     """For the start-up log and TensorBoard: every model's parameter count, every

@@ -1,0 +1,63 @@
+"""A resume on another shape (replica count, workers, strategy) says what it is, in one
+line, or is refused in one.
+
+Each step's meta records the shape that trained it (`shape`). A resume compares it with
+its own: the same replica count computes the same sums (bit for bit under
+`runtime.deterministic`: 2 workers = 2 replicas in one process); another replica count
+computes each step's sums in another order (float32 rounding, docs/guarantees.md) and
+nothing else, as long as nothing the step computes for an example depends on which
+replica holds it (Keras's random layers are drawn per example under
+`runtime.deterministic`: trainer/task/randomness.py). What still depends on the replica
+count (an unsynchronized BatchNormalization's statistics, randomness not drawn per
+example: `dependence`) would put the resumed run on another trajectory: refused, unless
+`checkpoint.allow_other_trajectory` asks for it. Pure Python.
+"""
+from trainer.errors import UserError
+
+ALLOW_FLAG = "--config.checkpoint.allow_other_trajectory=true"
+
+
+def shape(*, replicas: int, workers: int, strategy: str) -> dict:
+  """What a step's meta records of the shape that trained it."""
+  return {"replicas": int(replicas), "workers": int(workers), "strategy": str(strategy)}
+
+
+def words(recorded: dict) -> str:
+  """'2 replicas (2 workers, multi_worker_mirrored)'."""
+  replicas = recorded.get("replicas")
+  workers = recorded.get("workers", 1)
+  where = f"{workers} workers, " if workers and workers > 1 else ""
+  return (f"{replicas} replica{'s' if replicas != 1 else ''} "
+          f"({where}{recorded.get('strategy', '?')})")
+
+
+def judge(recorded, now: dict, *, step: int, deterministic: bool, dependence: list[str],
+          allowed: bool) -> str | None:
+  """The line a resume of `step` (trained on `recorded`) on `now` logs, None if the shape
+  is the same (or the step predates shapes); UserError if the trajectory would change
+  and `allowed` is off. `dependence`: what makes this Task's trajectory depend on the
+  replica count, in words (unsynchronized BatchNorm layers always; randomness not drawn
+  per example only under `deterministic`, the only mode whose numbers are promised)."""
+  if not isinstance(recorded, dict) or not isinstance(recorded.get("replicas"), int):
+    return None
+  if recorded == now:
+    return None
+  head = f"resuming step {step}, trained on {words(recorded)}, on {words(now)}"
+  if recorded["replicas"] == now["replicas"]:
+    same = ("bit for bit" if deterministic and "central_storage" not in
+            (recorded.get("strategy"), now.get("strategy")) else "to float32 rounding")
+    return f"{head}: the same replica count, the same trajectory ({same})"
+  if dependence:
+    what = "; ".join(dependence[:3]) + (f" and {len(dependence) - 3} more"
+                                        if len(dependence) > 3 else "")
+    if not allowed:
+      raise UserError(
+          f"{head} would change the trajectory: {what} depends on the replica count; "
+          f"resume on {recorded['replicas']} replica{'s' if recorded['replicas'] != 1 else ''}, "
+          f"or pass {ALLOW_FLAG} to go on on another trajectory (nothing was written)")
+    return f"{head}: another trajectory, as checkpoint.allow_other_trajectory asks ({what})"
+  if not deterministic:
+    return (f"{head}: runtime.deterministic is off, so the trajectory is the same in "
+            f"distribution, not number for number")
+  return (f"{head}: the same trajectory to float32 rounding (each step's sums in another "
+          f"order; docs/guarantees.md)")

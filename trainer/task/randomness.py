@@ -1,0 +1,156 @@
+"""Keras's random layers drawn per example: the same numbers for the same example on any
+replica count (under `runtime.deterministic`).
+
+Keras draws a random layer's numbers (Dropout's mask, GaussianNoise, RandomFlip's and
+RandomRotation's per-image choices, a layer's own `keras.random.*` with a
+SeedGenerator) from a seed that is the same on every replica, over the shape of the
+replica's own share: replica 1 of 2 then reuses the numbers replica 0 drew, and an
+example's mask depends on the replica count (measured on the built-in `mlp`, Dropout
+0.2: 2.4e-2 after 20 steps, 1 vs 2 replicas). Inside a train step, `per_example`
+makes every Keras draw whose first dimension is the replica's batch draw the *global*
+batch's numbers instead and keep this replica's rows, the way JAX's global arrays and
+`StepContext.normal` do: the rows example i gets are the same on 1, 2 or 3 replicas, bit
+for bit, and on one replica nothing changes. Draws of any other shape (RandomCrop's one
+offset per batch) are the same on every replica already. Cost: each replica draws the
+global batch's numbers, N times its own (docs/performance.md).
+
+`shape_dependent_draws` names the random ops of a traced step that were not drawn this
+way (a `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle`): an elastic
+resume of such a Task is refused (trainer/state/elastic.py).
+"""
+import contextlib
+import threading
+
+import tensorflow as tf
+
+# Random ops drawn per example carry this in their name (the step's graph is checked).
+SCOPE = "distloop_per_example"
+_RANDOM_OP_PREFIXES = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
+                       "StatelessParameterizedTruncatedNormal", "Stateful", "RngSkip",
+                       "RngReadAndSkip", "RandomUniform", "RandomStandardNormal",
+                       "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+                       "RandomPoisson")
+_NOT_DRAWS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetAlg",
+              "StatelessRandomGetKeyCounterAlg")
+
+_active = threading.local()  # MirroredStrategy traces each replica in a thread of its own
+_installed = False
+
+
+@contextlib.contextmanager
+def per_example(global_batch_size: int, num_replicas: int):
+  """While a replica's train step is traced: Keras draws over the replica's batch are
+  the global batch's rows (module docstring)."""
+  _install()
+  before = getattr(_active, "batch", None)
+  _active.batch = (global_batch_size, num_replicas)
+  try:
+    yield
+  finally:
+    _active.batch = before
+
+
+@contextlib.contextmanager
+def drawn_per_example():
+  """Marks the ops drawn inside as shape-invariant: StepContext's `normal`, `uniform` and
+  `example_seeds` (already rows of the global batch's draw)."""
+  with tf.name_scope(SCOPE):
+    yield
+
+
+def shape_dependent_draws(graph_def) -> list[str]:
+  """'op in node' for each random op in the traced step (and every function it calls)
+  that was not drawn per example: its numbers change with the replica count."""
+  nodes = [*graph_def.node, *(node for function in graph_def.library.function
+                              for node in function.node_def)]
+  return [f"{node.op} in {node.name}" for node in nodes
+          if node.op.startswith(_RANDOM_OP_PREFIXES) and node.op not in _NOT_DRAWS
+          and SCOPE not in node.name]
+
+
+# -- the draws ---------------------------------------------------------------------
+
+
+def _rows_of_global(shape):
+  """(the global batch's shape, this replica's first row, its row count) if `shape`'s
+  first dimension is this replica's batch inside `per_example` (else None)."""
+  active = getattr(_active, "batch", None)
+  if active is None:
+    return None
+  global_batch, num_replicas = active
+  context = tf.distribute.get_replica_context()
+  if context is None:  # a cross-replica context: not one replica's share
+    return None
+  dims = _dims(shape)
+  if not dims:
+    return None
+  rows = global_batch // num_replicas
+  leading = tf.get_static_value(dims[0])
+  if leading is not None and int(leading) != rows:
+    return None  # not per example: the same numbers on every replica
+  replica = context.replica_id_in_sync_group
+  return [global_batch, *dims[1:]], tf.cast(replica, tf.int32) * rows, rows
+
+
+def _dims(shape) -> list:
+  if isinstance(shape, tf.TensorShape):
+    return shape.as_list() if shape.rank is not None else []
+  if isinstance(shape, (list, tuple)):
+    return list(shape)
+  shape = tf.convert_to_tensor(shape)
+  if shape.shape.rank != 1 or shape.shape[0] is None:
+    return []
+  return [shape[i] for i in range(shape.shape[0])]
+
+
+def _shaped(original):
+  """normal, uniform, truncated_normal, randint: (shape, ...) drawn per example."""
+
+  def draw(shape, *args, **kwargs):
+    found = _rows_of_global(shape)
+    with tf.name_scope(SCOPE):
+      if found is None:
+        return original(shape, *args, **kwargs)
+      global_shape, first, rows = found
+      return original(global_shape, *args, **kwargs)[first:first + rows]
+
+  draw.__wrapped__ = original
+  return draw
+
+
+def _dropout(original, backend_random):
+  """Keras's dropout (tf.nn.experimental.stateless_dropout, bit for bit on one replica),
+  its keep mask drawn over the global batch."""
+
+  def dropout(inputs, rate, noise_shape=None, seed=None):
+    if isinstance(rate, (int, float)) and rate in (0.0, 1.0):
+      return original(inputs, rate, noise_shape, seed)
+    inputs = tf.convert_to_tensor(inputs)
+    noise = backend_random._get_concrete_noise_shape(inputs, noise_shape)  # pylint: disable=protected-access
+    found = _rows_of_global(noise)
+    with tf.name_scope(SCOPE):
+      if found is None:
+        return original(inputs, rate, noise_shape, seed)
+      global_shape, first, rows = found
+      seed = backend_random._cast_seed(backend_random.draw_seed(seed))  # pylint: disable=protected-access
+      drawn = tf.random.stateless_uniform(global_shape, seed=seed, dtype=inputs.dtype)
+      keep = drawn[first:first + rows] >= tf.cast(rate, inputs.dtype)
+      # As stateless_dropout computes it: x * (1 / keep_prob), zero where dropped.
+      scaled = inputs * tf.cast(1 / (1 - rate), inputs.dtype)
+      return tf.where(keep, scaled, tf.zeros([], inputs.dtype))
+
+  dropout.__wrapped__ = original
+  return dropout
+
+
+def _install() -> None:
+  """Wraps the TensorFlow backend's random functions once (they act only inside
+  `per_example`; everywhere else they call Keras's own)."""
+  global _installed
+  if _installed:
+    return
+  from keras.src.backend.tensorflow import random as backend_random  # pylint: disable=g-import-not-at-top
+  for name in ("normal", "uniform", "truncated_normal", "randint"):
+    setattr(backend_random, name, _shaped(getattr(backend_random, name)))
+  backend_random.dropout = _dropout(backend_random.dropout, backend_random)
+  _installed = True

@@ -1,0 +1,36 @@
+"""What makes a Task's trajectory depend on the replica count, in words: an elastic
+resume of it is refused (trainer/state/elastic.py).
+
+- An unsynchronized `BatchNormalization` normalizes by the statistics of each replica's
+  share: 32 examples on 2 replicas, 64 on 1. `synchronized=True` (Keras, TensorFlow
+  backend) computes them over the global batch: the same on any replica count.
+- Randomness not drawn per example (trainer/task/randomness.py names the ops): a
+  `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle`.
+"""
+import keras
+
+
+def unsynchronized_batchnorm(models: dict, layers: dict) -> list[str]:
+  """'BatchNormalization <path> (unsynchronized)' for each such layer the task holds."""
+  found, seen = [], set()
+  roots = [*models.values(), *layers.values()]
+  for root in roots:
+    candidates = [root]
+    if hasattr(root, "_flatten_layers"):
+      candidates += list(root._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+    for layer in candidates:
+      if (isinstance(layer, keras.layers.BatchNormalization) and id(layer) not in seen
+          and not getattr(layer, "synchronized", False)):
+        seen.add(id(layer))
+        found.append(f"BatchNormalization {layer.path or layer.name!r} (unsynchronized: "
+                     f"statistics of each replica's share; synchronized=True would not be)")
+  return found
+
+
+def draws(ops: list[str]) -> list[str]:
+  """The random ops of a train step that were not drawn per example, as one reason."""
+  if not ops:
+    return []
+  more = f" and {len(ops) - 1} more" if len(ops) > 1 else ""
+  return [f"randomness drawn per replica ({ops[0]}{more}; draw it with keras.random.* and a "
+          f"SeedGenerator, or StepContext.normal/uniform/example_seeds)"]
