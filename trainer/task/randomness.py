@@ -51,6 +51,19 @@ def per_example(global_batch_size: int, num_replicas: int):
 
 
 @contextlib.contextmanager
+def drawn_per_replica():
+  """Inside `per_example`: draws over a part of the replica's batch (train.accumulation_steps'
+  micro-batches, each drawn with the seed's next value) are not per example; left as Keras
+  draws them, they count as randomness that depends on the replica count."""
+  before = getattr(_active, "batch", None)
+  _active.batch = None
+  try:
+    yield
+  finally:
+    _active.batch = before
+
+
+@contextlib.contextmanager
 def drawn_per_example():
   """Marks the ops drawn inside as shape-invariant: StepContext's `normal`, `uniform` and
   `example_seeds` (already rows of the global batch's draw)."""
@@ -107,6 +120,8 @@ def _shaped(original):
   """normal, uniform, truncated_normal, randint: (shape, ...) drawn per example."""
 
   def draw(shape, *args, **kwargs):
+    if getattr(_active, "batch", None) is None:
+      return original(shape, *args, **kwargs)
     found = _rows_of_global(shape)
     with tf.name_scope(SCOPE):
       if found is None:
@@ -123,7 +138,8 @@ def _dropout(original, backend_random):
   its keep mask drawn over the global batch."""
 
   def dropout(inputs, rate, noise_shape=None, seed=None):
-    if isinstance(rate, (int, float)) and rate in (0.0, 1.0):
+    if (getattr(_active, "batch", None) is None
+        or isinstance(rate, (int, float)) and rate in (0.0, 1.0)):
       return original(inputs, rate, noise_shape, seed)
     inputs = tf.convert_to_tensor(inputs)
     noise = backend_random._get_concrete_noise_shape(inputs, noise_shape)  # pylint: disable=protected-access

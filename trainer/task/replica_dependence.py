@@ -5,7 +5,9 @@ resume of it is refused (trainer/state/elastic.py).
   share: 32 examples on 2 replicas, 64 on 1. `synchronized=True` (Keras, TensorFlow
   backend) computes them over the global batch: the same on any replica count.
 - Randomness not drawn per example (trainer/task/randomness.py names the ops): a
-  `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle`.
+  `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle` (MixUp, CutMix), a
+  random layer in `train.accumulation_steps`' micro-batches (each draws with the seed's
+  next value).
 """
 import keras
 
@@ -32,5 +34,5 @@ def draws(ops: list[str]) -> list[str]:
   if not ops:
     return []
   more = f" and {len(ops) - 1} more" if len(ops) > 1 else ""
-  return [f"randomness drawn per replica ({ops[0]}{more}; draw it with keras.random.* and a "
-          f"SeedGenerator, or StepContext.normal/uniform/example_seeds)"]
+  return [f"randomness drawn per replica ({ops[0]}{more}: a tf.random.Generator, step.seed(), "
+          f"keras.random.shuffle, or a random layer in train.accumulation_steps' micro-batches)"]

@@ -25,6 +25,7 @@ from trainer.task import losses
 from trainer.task import metrics
 from trainer.task import plugins
 from trainer.task import probabilities
+from trainer.task import randomness
 from trainer.task import validation
 from trainer.errors import UserError
 
@@ -146,8 +147,9 @@ class SupervisedTask(contract.Task):
 
     def body(i, sums, gathered):
       micro_features, micro_labels = tf.nest.map_structure(lambda t: t[i], (features, labels))
-      grads, per_example_loss, parts, outputs, regularization = forward_backward(
-          micro_features, micro_labels, tf.cast(tf.equal(i, 0), tf.float32))
+      with randomness.drawn_per_replica():  # each micro-batch draws with the seed's next value
+        grads, per_example_loss, parts, outputs, regularization = forward_backward(
+            micro_features, micro_labels, tf.cast(tf.equal(i, 0), tf.float32))
       values = self._values(micro_labels, outputs, per_example_loss, parts, regularization)
       sums = [total + tf.convert_to_tensor(grad) for total, grad in zip(sums, grads)]
       gathered = [array.write(i, tf.cast(values[name], tf.float32))
