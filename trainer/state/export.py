@@ -45,6 +45,14 @@ class _Serving(tf.Module):
     self.model = model
     self._output_name = output_name
     self._transform = transform
+    # tf.saved_model.save also traces the functions the model holds: Keras's default
+    # signature calls it without `training`, so RandomFlip, RandomRotation (training=True
+    # by default) draw from their SeedGenerators, whose state TensorFlow's object graph
+    # does not reach from the model (a SeedGenerator is no Trackable): held here, the save
+    # finds it (a KeyError otherwise). A model without SeedGenerators adds nothing.
+    unreachable = _unreachable_variables(model)
+    if unreachable:
+      self.seed_states = unreachable
 
   def serve(self, features):
     outputs = tf.nest.map_structure(lambda output: tf.cast(output, tf.float32),  # mixed
@@ -53,6 +61,13 @@ class _Serving(tf.Module):
     if isinstance(served, dict):  # several outputs, each under its name
       return served
     return {self._output_name: served}
+
+
+def _unreachable_variables(model) -> list:
+  """The model's variables that its TensorFlow object graph does not hold (Keras's
+  SeedGenerator states): a function that reads one cannot be saved from the model alone."""
+  reachable = {id(node) for node in tf.train.TrackableView(model).descendants()}
+  return [variable for variable in model.variables if id(variable) not in reachable]
 
 
 def serving_spec(features_spec, feature_name: str):
