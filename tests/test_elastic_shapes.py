@@ -490,3 +490,20 @@ def test_shape_dependent_draws_names_a_generator_and_not_a_dropout_drawn_per_exa
   raw = randomness.shape_dependent_draws(
       trace(lambda x: x + tf.random.stateless_uniform([4, 6], seed=[1, 2])))
   assert len(raw) == 1 and raw[0].startswith("StatelessRandomUniformV2 in "), raw
+
+
+def test_a_dropout_over_a_tensor_that_is_not_the_batch_is_kerass_own_draw():
+  """Catches (found writing these tests): Dropout's noise shape is tf.shape(inputs), whose
+  first element sliced out has no static value, so every Dropout input was taken for the
+  replica's batch: one over two views of each example ([2 x batch, ...], as a contrastive
+  model makes) failed to trace under runtime.deterministic, on any replica count
+  ("Dimensions must be equal, but are 8 and 16")."""
+  x = tf.reshape(tf.range(16 * 6, dtype=tf.float32), [16, 6])
+  alone = keras.layers.Dropout(0.5, seed=3)(x, training=True).numpy()
+  dropout = keras.layers.Dropout(0.5, seed=3)
+
+  def step(x):
+    with randomness.per_example(8, 1):  # a batch of 8, its two views: 16 rows
+      return dropout(x, training=True)
+
+  assert np.array_equal(tf.function(step)(x).numpy(), alone)
