@@ -586,13 +586,18 @@ class Trainer:
 
   def _save_and_stop(self, position: Position) -> None:
     """The preemption save: this step on disk, then Preempted (exit 42) in any case.
-    If it cannot be written, the last complete checkpoint is where the next run resumes."""
+    If it cannot be written, the last complete checkpoint is where the next run resumes.
+    No worker leaves before every worker is here, the chief's save done: a worker that
+    exited at once (its own save is nothing to write) left the chief's stop agreement
+    without its part ("Socket closed"), and the step it said was on disk never was."""
     try:
       self.save(position)
       self.train_state.wait()
     except StorageError as e:
+      self.agreement.at_the_end()
       raise Preempted(position.step, unsaved=str(e),
                       last_complete=self.train_state.latest_step()) from None
+    self.agreement.at_the_end()
     raise Preempted(position.step)
 
   def _log_metrics(self, step: int, split: str, values: dict) -> None:

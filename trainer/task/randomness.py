@@ -113,6 +113,11 @@ def _dims(shape) -> list:
   shape = tf.convert_to_tensor(shape)
   if shape.shape.rank != 1 or shape.shape[0] is None:
     return []
+  # Dropout's noise shape is tf.shape(inputs): known as a whole when the inputs' shape is,
+  # though each element sliced from it is not (a [2 x batch, ...] input is no batch).
+  known = tf.get_static_value(shape)
+  if known is not None:
+    return [int(value) for value in known]
   return [shape[i] for i in range(shape.shape[0])]
 
 
