@@ -507,3 +507,22 @@ def test_a_dropout_over_a_tensor_that_is_not_the_batch_is_kerass_own_draw():
       return dropout(x, training=True)
 
   assert np.array_equal(tf.function(step)(x).numpy(), alone)
+
+
+@pytest.mark.parametrize("shape", [[8, 6], [3, 4, 6]], ids=["two_views", "time_major"])
+def test_a_per_example_draw_in_another_layout_counts_as_per_replica(shape):
+  """Catches: a draw over the batch in a layout distloop cannot slice (two views of each
+  example, [2 x batch]; a time-major [T, batch]) taken for one number per batch and left
+  out of `shape_dependent_draws`: each replica would reuse the same numbers, unnamed, and
+  an elastic resume of it go on silently on another trajectory. One per batch ([1, 6])
+  stays the same on every replica."""
+  def trace(draw_shape):
+    def step(x):
+      with randomness.per_example(4, 1):
+        return x[0, 0] + tf.reduce_sum(keras.random.uniform(draw_shape, seed=7))
+    return tf.function(step).get_concrete_function(
+        tf.TensorSpec([4, 6])).graph.as_graph_def()
+
+  found = randomness.shape_dependent_draws(trace(shape))
+  assert len(found) == 1 and found[0].startswith("StatelessRandomUniformV2 in "), found
+  assert randomness.shape_dependent_draws(trace([1, 6])) == []

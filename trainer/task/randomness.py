@@ -84,25 +84,32 @@ def shape_dependent_draws(graph_def) -> list[str]:
 # -- the draws ---------------------------------------------------------------------
 
 
+PER_REPLICA = "per_replica"  # _rows_of_global: a draw over the batch in another layout
+
+
 def _rows_of_global(shape):
-  """(the global batch's shape, this replica's first row, its row count) if `shape`'s
-  first dimension is this replica's batch inside `per_example` (else None)."""
-  active = getattr(_active, "batch", None)
-  if active is None:
-    return None
-  global_batch, num_replicas = active
+  """How a draw of `shape` inside `per_example` is made: (the global batch's shape, this
+  replica's first row, its row count) if its first dimension is this replica's batch;
+  None if no dimension is (one number per batch, RandomCrop's offset: the same on every
+  replica, and on 1); PER_REPLICA if the batch shows elsewhere (a multiple of it first:
+  two views of each example; or a later dimension: a time-major [T, B, D]): per example,
+  but not in a layout distloop can slice, so left as Keras draws it and counted as
+  randomness that depends on the replica count."""
+  global_batch, num_replicas = _active.batch
   context = tf.distribute.get_replica_context()
-  if context is None:  # a cross-replica context: not one replica's share
-    return None
   dims = _dims(shape)
-  if not dims:
+  if context is None or not dims:  # a cross-replica context: not one replica's share
     return None
   rows = global_batch // num_replicas
-  leading = tf.get_static_value(dims[0])
-  if leading is not None and int(leading) != rows:
-    return None  # not per example: the same numbers on every replica
-  replica = context.replica_id_in_sync_group
-  return [global_batch, *dims[1:]], tf.cast(replica, tf.int32) * rows, rows
+  static = [tf.get_static_value(dim) for dim in dims]
+  leading = static[0]
+  if leading is None or int(leading) == rows:
+    replica = context.replica_id_in_sync_group
+    return [global_batch, *dims[1:]], tf.cast(replica, tf.int32) * rows, rows
+  if int(leading) % rows == 0 or any(dim is not None and int(dim) == rows
+                                     for dim in static[1:]):
+    return PER_REPLICA
+  return None
 
 
 def _dims(shape) -> list:
@@ -128,6 +135,8 @@ def _shaped(original):
     if getattr(_active, "batch", None) is None:
       return original(shape, *args, **kwargs)
     found = _rows_of_global(shape)
+    if found is PER_REPLICA:
+      return original(shape, *args, **kwargs)
     with tf.name_scope(SCOPE):
       if found is None:
         return original(shape, *args, **kwargs)
@@ -149,6 +158,8 @@ def _dropout(original, backend_random):
     inputs = tf.convert_to_tensor(inputs)
     noise = backend_random._get_concrete_noise_shape(inputs, noise_shape)  # pylint: disable=protected-access
     found = _rows_of_global(noise)
+    if found is PER_REPLICA:
+      return original(inputs, rate, noise_shape, seed)
     with tf.name_scope(SCOPE):
       if found is None:
         return original(inputs, rate, noise_shape, seed)
