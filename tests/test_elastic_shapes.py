@@ -518,3 +518,17 @@ def test_a_per_example_draw_in_another_layout_counts_as_per_replica(shape):
   found = randomness.shape_dependent_draws(trace(shape))
   assert len(found) == 1 and found[0].startswith("StatelessRandomUniformV2 in "), found
   assert randomness.shape_dependent_draws(trace([1, 6])) == []
+
+
+def test_judge_refuses_randomness_drawn_per_replica_on_another_strategy_of_the_same_count():
+  """Catches: a Task's tf.random.Generator resumed from the default strategy on one_device
+  (1 replica both) logged as bit for bit: its stream differs under a distribution
+  strategy. An unsynchronized BatchNorm at the same count stays the same trajectory."""
+  before = elastic.shape(replicas=1, workers=1, strategy="default")
+  now = elastic.shape(replicas=1, workers=1, strategy="one_device")
+  with pytest.raises(UserError, match=r"depends on the strategy; resume on the default strategy"):
+    elastic.judge(before, now, step=10, deterministic=True, dependence=["a Generator"],
+                  allowed=False, strategy_dependence=["a Generator"])
+  said = elastic.judge(before, now, step=10, deterministic=True, dependence=["BatchNorm"],
+                       allowed=False)
+  assert "the same replica count, the same trajectory (bit for bit)" in said

@@ -185,6 +185,8 @@ class Trainer:
                                       workers=runtime.num_workers(strategy),
                                       strategy=config.runtime.strategy),
                                   replica_dependence=self.state.replica_dependence(
+                                      config.runtime.deterministic),
+                                  strategy_dependence=self.state.strategy_dependence(
                                       config.runtime.deterministic))
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
     self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)

@@ -32,29 +32,39 @@ def words(recorded: dict) -> str:
 
 
 def judge(recorded, now: dict, *, step: int, deterministic: bool, dependence: list[str],
-          allowed: bool) -> str | None:
+          allowed: bool, strategy_dependence: list[str] = ()) -> str | None:
   """The line a resume of `step` (trained on `recorded`) on `now` logs, None if the shape
   is the same (or the step predates shapes); UserError if the trajectory would change
   and `allowed` is off. `dependence`: what makes this Task's trajectory depend on the
   replica count, in words (unsynchronized BatchNorm layers always; randomness not drawn
-  per example only under `deterministic`, the only mode whose numbers are promised)."""
+  per example only under `deterministic`, the only mode whose numbers are promised);
+  `strategy_dependence`: what depends on the strategy even at the same replica count (a
+  tf.random.Generator draws another stream under a distribution strategy, one_device
+  included, than under the default one)."""
   if not isinstance(recorded, dict) or not isinstance(recorded.get("replicas"), int):
     return None
   if recorded == now:
     return None
   head = f"resuming step {step}, trained on {words(recorded)}, on {words(now)}"
-  if recorded["replicas"] == now["replicas"]:
+  if (recorded["replicas"] == now["replicas"] and strategy_dependence
+      and recorded.get("strategy") != now.get("strategy")):
+    dependence, on = list(strategy_dependence), "the strategy"
+    again = f"the {recorded.get('strategy')} strategy"
+  elif recorded["replicas"] == now["replicas"]:
     same = ("bit for bit" if deterministic and "central_storage" not in
             (recorded.get("strategy"), now.get("strategy")) else "to float32 rounding")
     return f"{head}: the same replica count, the same trajectory ({same})"
+  else:
+    on = "the replica count"
+    again = f"{recorded['replicas']} replica{'s' if recorded['replicas'] != 1 else ''}"
   if dependence:
     what = "; ".join(dependence[:3]) + (f" and {len(dependence) - 3} more"
                                         if len(dependence) > 3 else "")
     if not allowed:
       raise UserError(
-          f"{head} would change the trajectory: {what} depends on the replica count; "
-          f"resume on {recorded['replicas']} replica{'s' if recorded['replicas'] != 1 else ''}, "
-          f"or pass {ALLOW_FLAG} to go on on another trajectory (nothing was written)")
+          f"{head} would change the trajectory: {what} depends on {on}; resume on "
+          f"{again}, or pass {ALLOW_FLAG} to go on on another trajectory (nothing was "
+          f"written)")
     return f"{head}: another trajectory, as checkpoint.allow_other_trajectory asks ({what})"
   if not deterministic:
     return (f"{head}: runtime.deterministic is off, so the trajectory is the same in "

@@ -65,12 +65,14 @@ class TrainState:
   def __init__(self, config: ml_collections.ConfigDict, model_dir: str, *,
                model_variables: dict, optimizer_variables: dict, agreement: Agreement,
                is_chief: bool, read_only: bool, task_name: str = "", may_change=None,
-               shape: dict | None = None, replica_dependence: list[str] = ()):
+               shape: dict | None = None, replica_dependence: list[str] = (),
+               strategy_dependence: list[str] = ()):
     self._config = config
     # The shape that trains (elastic.shape), recorded in each step's meta, and what makes
     # this task's trajectory depend on the replica count: an elastic resume is judged.
     self._shape = shape
     self._replica_dependence = list(replica_dependence)
+    self._strategy_dependence = list(strategy_dependence)
     self._task_name = task_name  # 'module:Class' of the Task: part of each step's identity
     self._may_change = may_change  # the Task's own fields that do not fix the run
     self._model_variables = model_variables
@@ -199,7 +201,8 @@ class TrainState:
       said = elastic.judge(meta.get("shape"), self._shape, step=step,
                            deterministic=self._config.runtime.deterministic,
                            dependence=self._replica_dependence,
-                           allowed=self._config.checkpoint.allow_other_trajectory)
+                           allowed=self._config.checkpoint.allow_other_trajectory,
+                           strategy_dependence=self._strategy_dependence)
       if said:
         logging.warning("%s", said)
     checkpoints.assign_tree(model_variables, model_tree)

@@ -179,6 +179,11 @@ class TaskState:
     return [*self._unsynchronized_batchnorm,
             *(replica_dependence.draws(self._per_replica_draws) if deterministic else [])]
 
+  def strategy_dependence(self, deterministic: bool) -> list[str]:
+    """What depends on the strategy at the same replica count: randomness drawn per
+    replica (a tf.random.Generator's stream differs under a distribution strategy)."""
+    return replica_dependence.draws(self._per_replica_draws) if deterministic else []
+
   def describe(self) -> list[str]:
     """For the start-up log and TensorBoard: every model's parameter count, every
     optimizer with its weight decay."""
