@@ -25,13 +25,24 @@ def images(data_config, seed):
 def conv_batchnorm(model_config, input_spec):
   """Conv -> BatchNorm -> ReLU -> global average pooling -> logits."""
   del model_config
+  return _conv_batchnorm(input_spec, synchronized=False, name="conv_batchnorm")
+
+
+def conv_batchnorm_synchronized(model_config, input_spec):
+  """conv_batchnorm with BatchNormalization(synchronized=True): the statistics of the global
+  batch on any replica count (Keras, TensorFlow backend), so its trajectory does not depend
+  on the replica count and an elastic resume of it is not refused."""
+  del model_config
+  return _conv_batchnorm(input_spec, synchronized=True, name="conv_batchnorm_synchronized")
+
+
+def _conv_batchnorm(input_spec, *, synchronized: bool, name: str):
   inputs = keras.Input(shape=input_spec.shape[1:], name="images")
   x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv")(inputs)
-  x = keras.layers.BatchNormalization(name="bn")(x)
+  x = keras.layers.BatchNormalization(synchronized=synchronized, name="bn")(x)
   x = keras.layers.ReLU(name="relu")(x)
   x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-  return keras.Model(inputs, keras.layers.Dense(_NUM_CLASSES, name="logits")(x),
-                     name="conv_batchnorm")
+  return keras.Model(inputs, keras.layers.Dense(_NUM_CLASSES, name="logits")(x), name=name)
 
 
 def mobilenet_v3_small(model_config, input_spec):

@@ -8,7 +8,10 @@ the resumed processes ran (every run evaluates every 10 steps, 3 eval batches wi
 partial last); a resume that changes the fields a resume may change (batch size, loop
 length, eval batch, learning rate) equals one process with that change (on 1 replica);
 every shape agrees with 1 replica under plain SGD (the workload's measured
-`agree_within`); one replica in a 2-device process is 1 replica bit for bit (the
+`agree_within`); step 20 of the run on 2 replicas resumed on 1 replica (elastic) ends where
+1 replica's run ends, to that agreement, saying so in one line, or, for a workload whose
+trajectory depends on the replica count (`refuses_elastic`), is refused in one line with
+the model_dir untouched; one replica in a 2-device process is 1 replica bit for bit (the
 summation order follows the config, not the devices); eval at the end = --mode=eval of
 the saved step = the export scored on the eval data (1e-5); and a checkpoint of another
 workload is refused (exit 2, one line, nothing moved). Each tolerance is what the cell
@@ -22,11 +25,13 @@ To add a workload (a new feature): append one `Workload` to `CATALOGUE` with
   exports nothing that eval scores);
 - `agree_within` where its shapes agree less closely than `AGREE_DEFAULT` (measure it:
   the cell's message gives the largest difference), `refuses_change` where a resume
-  cannot make catalogue.CHANGES (the check then asserts the one-line refusal);
+  cannot make catalogue.CHANGES (the check then asserts the one-line refusal),
+  `refuses_elastic` where its trajectory depends on the replica count (what the refusal
+  names; shapes_agree is then n/a on 2 replicas: distloop refuses to mix them);
 - `not_applicable` for a check that cannot hold by design (say why), and
   `known_defects` for a cell that fails on an open defect: it becomes xfail(strict), so
   the fix turns it into a failure until the entry is removed. Key either by check (every
-  shape) or by (check, shape).
+  shape), by (check, shape), or (not_applicable) by (catalogue.EVERY_CHECK, shape).
 Every check then runs on it. `python -m pytest -m slow tests/guarantees` runs the
 matrix; the fast suite runs the cells in test_matrix.FAST.
 """

@@ -7,16 +7,24 @@ step compiled by XLA; a check names the shapes it runs on.
 -> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
 step 35, resumed again to the end; one model_dir, three processes, both resume checks.
 `runs.sgd(name, shape)`: the uninterrupted run, or with the workload's `sgd_flags`.
-`runs.changed(name, shape)` -> Changed: 20 steps, then the fields a resume may change
-changed (catalogue.CHANGES), to the end in one process and SIGTERMed + resumed.
+These two are trained once for all of pytest-xdist's workers (other workers' checks read
+them too); the rest once per worker, by the one group of cells that reads them.
+`runs.changed(name, shape)` -> Changed: the uninterrupted run as of step 20, then the fields
+a resume may change changed (catalogue.CHANGES), to the end in one process and SIGTERMed +
+resumed.
+`runs.elastic(name, shape)` -> Elastic: a copy of the `sgd` run of `shape` as it was at
+step 20 (no new training), resumed on 1 replica.
 Every run of a workload that evaluates does so every 10 steps (train_and_eval), logged in
 metrics.csv (`eval_rows`).
 Weights are read in this process with plain orbax (`arrays`).
 """
 import csv
 import dataclasses
+import fcntl
+import hashlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -96,8 +104,8 @@ class Interrupted:
 
 @dataclasses.dataclass
 class Changed:
-  """resume_changed: 20 steps as every run, then the workload's `changed_flags()` to the
-  end: `reference` goes on in one process, `resumed` is SIGTERMed after the change (at
+  """resume_changed: step 20 of the uninterrupted run, then the workload's `changed_flags()`
+  to the end: `reference` goes on in one process, `resumed` is SIGTERMed after the change (at
   `stopped_at`) and resumed. `refusal`: the run with the change, when the workload
   refuses it (the rest None)."""
   reference: object = None
@@ -106,11 +114,49 @@ class Changed:
   refusal: object = None
 
 
+@dataclasses.dataclass
+class Elastic:
+  """elastic: `model_dir`, a copy of a run as it was at catalogue.ELASTIC_AT (`before`: its
+  files' digests then), resumed on 1 replica by `result` (to the end, or refused)."""
+  model_dir: object
+  before: dict
+  result: object
+
+
+def digests(model_dir) -> dict:
+  """{path in model_dir: sha256 of its bytes} of every file: what a refusal must not change."""
+  found = {}
+  for directory, _, names in os.walk(str(model_dir)):
+    for name in names:
+      path = os.path.join(directory, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, str(model_dir))] = hashlib.sha256(f.read()).hexdigest()
+  return found
+
+
+def copy_as_of(source, destination, step: int) -> None:
+  """`source` as it was when `step` was its newest checkpoint: the later steps, the export
+  and the records of the finished run left out (the resume's trainer drops metrics.csv's
+  rows past the step it restores)."""
+  later = [str(kept) for kept in complete_steps(source) if kept > step]
+  shutil.copytree(str(source), str(destination), dirs_exist_ok=True,
+                  ignore=lambda directory, names: [
+                      name for name in names
+                      if (directory == os.path.join(str(source), "checkpoints") and name in later)
+                      or (directory == str(source)
+                          and name in ("export", "summary.json", "finished.json"))])
+
+
 class Runs:
 
   def __init__(self, tmp_path_factory):
     self._factory = tmp_path_factory
     self._cache = {}
+    # The session's folder, which pytest-xdist's workers share (each has its own under it).
+    base = tmp_path_factory.getbasetemp()
+    self._shared_root = os.path.join(
+        str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base), "shared_runs")
+    os.makedirs(self._shared_root, exist_ok=True)
 
   def _once(self, key, make):
     """make() once per session; a failure too is kept, and fails every check that needs it."""
@@ -127,29 +173,45 @@ class Runs:
   def _dir(self, *parts):
     return self._factory.mktemp("_".join(str(part) for part in parts))
 
-  def uninterrupted(self, name: str, shape: str):
+  def _shared(self, key, train) -> pathlib.Path:
+    """The model_dir `train(model_dir)` trained, once per session for all of pytest-xdist's
+    workers: a run that the checks of other groups read too (`shapes_agree` and `order`
+    read the run of 1 replica, `refused` another workload's; a group runs on one worker,
+    tests/conftest.py), which each worker trained again before (~1 run per workload). The
+    first worker trains it under a lock the others wait on; a failure leaves no ".done"."""
     def make():
-      model_dir = self._dir(name, shape, "uninterrupted")
+      model_dir = os.path.join(self._shared_root, "_".join(str(part) for part in key))
+      with open(model_dir + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        if not os.path.exists(model_dir + ".done"):
+          shutil.rmtree(model_dir, ignore_errors=True)  # what a failed attempt left
+          os.makedirs(model_dir)
+          train(model_dir)
+          with open(model_dir + ".done", "w"):
+            pass
+      return pathlib.Path(model_dir)
+    return self._once(key, make)
+
+  def uninterrupted(self, name: str, shape: str):
+    def train(model_dir):
       result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape))
       assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
-      with open(os.path.join(model_dir, "summary.json")) as f:
-        summary = json.load(f)
-      assert summary["step"] == catalogue.STEPS, summary
-      assert summary["num_replicas"] == {**SHAPES, **ORDER_SHAPES}[shape].replicas, summary
-      return model_dir, summary
-    return self._once(("uninterrupted", name, shape), make)
+    model_dir = self._shared(("uninterrupted", name, shape), train)
+    with open(os.path.join(model_dir, "summary.json")) as f:
+      summary = json.load(f)
+    assert summary["step"] == catalogue.STEPS, summary
+    assert summary["num_replicas"] == {**SHAPES, **ORDER_SHAPES}[shape].replicas, summary
+    return model_dir, summary
 
   def sgd(self, name: str, shape: str):
     workload = catalogue.BY_NAME[name]
     if not workload.sgd_flags:
       return self.uninterrupted(name, shape)[0]
 
-    def make():
-      model_dir = self._dir(name, shape, "sgd")
+    def train(model_dir):
       result = trainer_run(model_dir, *flags(workload, shape, *workload.sgd_flags))
       assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
-      return model_dir
-    return self._once(("sgd", name, shape), make)
+    return self._shared(("sgd", name, shape), train)
 
   def interrupted(self, name: str, shape: str) -> Interrupted:
     def make():
@@ -181,12 +243,12 @@ class Runs:
     def make():
       workload = catalogue.BY_NAME[name]
       args = flags(workload, shape)
-      first = self._dir(name, shape, "changed_first")
-      result = trainer_run(first, *args, f"--config.train.steps={catalogue.CHANGED_AT}")
-      assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+      # The uninterrupted run as of step 20 (constant learning rate: train.steps changes
+      # nothing before it), not a process of its own that trains 20 steps again.
+      first = self.uninterrupted(name, shape)[0]
       reference, resumed = self._dir(name, shape, "changed"), self._dir(name, shape, "resumed")
       for copy in (reference, resumed):
-        shutil.copytree(first, copy, dirs_exist_ok=True)
+        copy_as_of(first, copy, catalogue.CHANGED_AT)
       changed_args = [*args, *workload.changed_flags()]
       result = trainer_run(reference, *changed_args)
       if workload.refuses_change:
@@ -201,6 +263,17 @@ class Runs:
       assert f"Restored checkpoint at step {stopped_at}" in result.stderr, result.stderr[-3000:]
       return Changed(reference, resumed, stopped_at)
     return self._once(("changed", name, shape), make)
+
+  def elastic(self, name: str, shape: str) -> Elastic:
+    def make():
+      workload = catalogue.BY_NAME[name]
+      model_dir = self._dir(name, shape, "elastic")
+      copy_as_of(self.sgd(name, shape), model_dir, catalogue.ELASTIC_AT)
+      before = digests(model_dir)
+      # --mode=train: the weights are the check, the evals of the rest cost time only
+      result = trainer_run(model_dir, *flags(workload, "1", *workload.sgd_flags), "--mode=train")
+      return Elastic(model_dir, before, result)
+    return self._once(("elastic", name, shape), make)
 
 
 def eval_rows(model_dir) -> dict:

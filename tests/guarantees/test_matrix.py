@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests.guarantees import catalogue
-from tests.guarantees.conftest import (ORDER_SHAPES, SHAPES, arrays, complete_steps, eval_rows,
-                                       flags, trainer_run)
+from tests.guarantees.conftest import (ORDER_SHAPES, SHAPES, arrays, complete_steps, digests,
+                                       eval_rows, flags, trainer_run)
 
 FAST = {("eval", "cnn", "1"), ("export", "cnn", "1"), ("refused", "softmax_head", "1")}
 # A resume is bit for bit: the same kernels, threads and batches in the same order
@@ -145,6 +145,34 @@ def test_resume_with_changed_fields_equals_the_run_with_that_change(runs, name, 
               RESUME_TOLERANCE, "the evals after the resume (metrics.csv)")
 
 
+@pytest.mark.parametrize("name, shape", cells("elastic", shapes=("2",)))
+def test_a_resume_on_another_replica_count_keeps_the_trajectory_or_is_refused(runs, name, shape):
+  """Step 20 of the run on 2 replicas, resumed on 1 replica: each step's sums in another order
+  and nothing else (Keras's random layers drawn per example, synchronized BatchNorm), so it
+  ends where 1 replica's run ends, to the workload's rounding on 2 replicas, and says what it
+  is in one line. A workload whose trajectory depends on the replica count
+  (`refuses_elastic`: unsynchronized BatchNorm, a tf.random.Generator) is refused instead:
+  exit 2, one line naming why, no traceback, nothing in the model_dir changed."""
+  workload = catalogue.BY_NAME[name]
+  run = runs.elastic(name, shape)
+  result = run.result
+  said = f"resuming step {catalogue.ELASTIC_AT}, trained on {SHAPES[shape].replicas} replicas"
+  lines = [line for line in result.stderr.splitlines() if said in line]
+  if workload.refuses_elastic:
+    assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    assert result.error_lines() == lines, result.stderr[-3000:]  # that line, nothing else
+    assert len(lines) == 1 and workload.refuses_elastic in lines[0], (workload.refuses_elastic,
+                                                                      lines)
+    assert digests(run.model_dir) == run.before, "the refused resume changed the model_dir"
+    return
+  assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+  assert len(lines) == 1, f"{len(lines)} lines say {said!r}\n{result.stderr[-3000:]}"
+  assert f"Restored checkpoint at step {catalogue.ELASTIC_AT}" in result.stderr
+  assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(runs.sgd(name, "1"), catalogue.STEPS),
+              workload.agreement(shape), f"step {catalogue.ELASTIC_AT} of shape {shape} resumed "
+                                         f"on 1 replica, against 1 replica")
+
+
 @pytest.mark.parametrize("name, shape", cells("eval"))
 def test_eval_equals_mode_eval(runs, name, shape):
   """What training reported at its end (summary.json) is what --mode=eval of the saved
@@ -173,6 +201,9 @@ def test_export_equals_eval(runs, name, shape):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   model_dir, summary = runs.uninterrupted(name, shape)
   export_dir = os.path.join(str(model_dir), "export", str(catalogue.STEPS))
+  if not os.path.isdir(export_dir):  # a Task that exports only in --mode=export (workloads.py)
+    result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape), "--mode=export")
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
   scored = catalogue.BY_NAME[name].served(serve, SHAPES[shape].replicas)
   for key, value in scored.items():

@@ -266,6 +266,18 @@ CATALOGUE = [
         slice=("tests/test_task_helpers.py::test_example_seeds_do_not_change_with_the_replica_"
                "count",)),
 
+    Mutation(
+        name="random_layers_drawn_per_replica",
+        plants="Keras's random layers (Dropout, RandomFlip, RandomRotation) draw over each "
+               "replica's own batch: replica 1 of 2 reuses replica 0's masks",
+        file="trainer/task/randomness.py",
+        old='  active = getattr(_active, "batch", None)\n',
+        new="  active = None\n",
+        slice=("tests/guarantees/test_matrix.py::test_every_shape_trains_the_weights_of_one_"
+               "replica[dropout_mlp-2]",
+               "tests/guarantees/test_matrix.py::test_a_resume_on_another_replica_count_keeps_"
+               "the_trajectory_or_is_refused[dropout_mlp-2]")),
+
     # -- the moving average ---------------------------------------------------------------
     Mutation(
         name="ema_not_served",
