@@ -478,10 +478,16 @@ def test_shape_dependent_draws_names_a_generator_and_not_a_dropout_drawn_per_exa
       trace(lambda x: dropout(x, training=True) + generator.normal(tf.shape(x))))
   assert found and all("stateful_normal/" in op for op in found), found
   assert any(op.startswith("RngReadAndSkip in ") for op in found), found
-  # The check sees a stateless draw too when it is not Keras's per-example one.
+  # A stateless draw of your own is as per-example as its seed: not named by itself
+  # (step.example_seeds' flips are per example); a Keras shuffle (MixUp's partners within
+  # the replica's share) is named.
   raw = randomness.shape_dependent_draws(
       trace(lambda x: x + tf.random.stateless_uniform([4, 6], seed=[1, 2])))
-  assert len(raw) == 1 and raw[0].startswith("StatelessRandomUniformV2 in "), raw
+  assert raw == [], raw
+  partners = keras.random.SeedGenerator(1)
+  shuffled = randomness.shape_dependent_draws(
+      trace(lambda x: keras.random.shuffle(x, seed=partners)))
+  assert shuffled and all(randomness.PER_REPLICA_SCOPE in op for op in shuffled), shuffled
 
 
 def test_a_dropout_over_a_tensor_that_is_not_the_batch_is_kerass_own_draw():

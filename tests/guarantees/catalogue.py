@@ -289,7 +289,6 @@ CATALOGUE = [
              not_applicable={**_refused_on_two_replicas(_GENERATOR_REPLICAS, _GENERATOR_REFUSAL),
                              ("shapes_agree", "xla-1"): _XLA_RANDOM,
                              ("order", "one_device-of-2"): _GENERATOR_STRATEGY}),
-    # Decoupled weight decay, a moving average served by eval and export, 2 micro-batches.
     # step.all_gather (global negatives) and step.example_seeds (per-example augmentation)
     Workload("contrastive", ("--config=synthetic",
                              "--config.train.task=tests.contrastive_plugins:Contrastive", *SGD),
@@ -299,29 +298,22 @@ CATALOGUE = [
                              "eval": "Contrastive has no eval_step: --mode=eval refuses it "
                                      "(tests/test_task_without_eval.py)"},
              # Its flips are drawn per example (seeds from step.example_seeds, as that
-             # method's docstring shows), and 1 = 2 replicas holds (6.7e-8 above).
-             known_defects={("elastic", "2"): (
-                 "refused as 'randomness drawn per replica (StatelessRandomUniformV2 in "
-                 "map/while/stateless_random_flip_left_right...)': trainer/task/randomness.py "
-                 "judges a traced step by its random ops' names, not by where their seeds "
-                 "come from (issue 44)")}),
+             # method's docstring shows): 1 = 2 replicas holds (6.7e-8 above), and so does
+             # its elastic resume.
+             ),
     # The built-in MLP (Dropout 0.2), a Keras random layer drawn per example: the same masks
     # on any replica count (trainer/task/randomness.py).
     Workload("dropout_mlp", ("--config=synthetic", "--config.model.name=mlp", *SGD),
              served=_served_cnn,  # measured 3.0e-8 (2, central_storage): AGREE_DEFAULT
              not_applicable={("shapes_agree", "xla-1"): _XLA_RANDOM}),  # measured 7.3e-3
     # RandomFlip + RandomRotation on the images, a Conv and Dropout: each example's flip,
-    # angle and mask its own on any replica count. The built-in step, exported only by
-    # --mode=export until its export's defect is fixed (workloads.py: ExportedByModeExport).
+    # angle and mask its own on any replica count.
     Workload("augmented", ("--config=synthetic",
-                           "--config.model.name=tests.shape_plugins:augmented",
-                           "--config.train.task=tests.guarantees.workloads:ExportedByModeExport",
-                           *SGD),
+                           "--config.model.name=tests.shape_plugins:augmented", *SGD),
              served=_served_cnn,
              # measured 4.2e-7 (2, central_storage); elastic 1.7e-7
              agree_within={"2": 8e-7, "central_storage-2": 8e-7},
-             not_applicable={(EVERY_CHECK, "xla-1"): _XLA_ROTATION},
-             known_defects={"export": "export of augmentation layers: fixed on branch i44-a"}),
+             not_applicable={(EVERY_CHECK, "xla-1"): _XLA_ROTATION}),
     # conv_batchnorm with synchronized=True: the global batch's statistics on every shape.
     Workload("conv_batchnorm_synchronized",
              ("--config=synthetic",

@@ -201,9 +201,6 @@ def test_export_equals_eval(runs, name, shape):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   model_dir, summary = runs.uninterrupted(name, shape)
   export_dir = os.path.join(str(model_dir), "export", str(catalogue.STEPS))
-  if not os.path.isdir(export_dir):  # a Task that exports only in --mode=export (workloads.py)
-    result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape), "--mode=export")
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
   scored = catalogue.BY_NAME[name].served(serve, SHAPES[shape].replicas)
   for key, value in scored.items():

@@ -4,16 +4,13 @@
 tf.Variables the step assigns) with an eval step and an export, so that every check of
 the matrix applies to it. `LayerAndGenerator` adds state a user holds in other forms:
 a trained Keras layer as an attribute and a tf.random.Generator (issue 31, defect 1).
-`ExportedByModeExport` is the built-in supervised step whose training runs export nothing.
 """
-import sys
 
 import keras
 import tensorflow as tf
 
 import trainer
 from tests import task_plugins
-from trainer.task import supervised
 
 
 class Counter(task_plugins.WithEma):
@@ -73,17 +70,6 @@ class LayerAndGenerator(Counter):
     return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits,
                                                                  from_logits=True),
             "accuracy": tf.cast(tf.argmax(logits, -1) == labels, tf.float32)}
-
-
-class ExportedByModeExport(supervised.SupervisedTask):
-  """The built-in supervised step, exported only by `--mode=export` (the matrix's export
-  check runs it when a run exported nothing), not at the end of training: the `augmented`
-  workload's export crashes (the serving function captures the seed state of Keras's random
-  layers; fixed on branch i44-a), which would fail every run of it, not only the export
-  cell, its known defect. Drop it from the workload once the fix lands (that cell XPASSes)."""
-
-  def export(self):
-    return super().export() if "--mode=export" in sys.argv else None
 
 
 def embedding_gru(model_config, input_spec):

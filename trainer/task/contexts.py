@@ -176,7 +176,8 @@ class StepContext:
     numbers change with the replica count (replica 0 of 2 holds other examples than
     replica 0 of 1): `normal`, `uniform` and `example_seeds` do not."""
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    return tf.random.experimental.stateless_fold_in(self._step_seed(salt), replica)
+    with randomness.seeded_per_replica():
+      return tf.random.experimental.stateless_fold_in(self._step_seed(salt), replica)
 
   def normal(self, shape, dtype=tf.float32, salt: int = 0):
     """Standard-normal noise [this replica's examples, *shape]: the rows of the global

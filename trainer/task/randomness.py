@@ -23,8 +23,14 @@ import threading
 
 import tensorflow as tf
 
-# Random ops drawn per example carry this in their name (the step's graph is checked).
+# Random ops drawn per example carry this in their name (the step's graph is checked);
+# draws distloop knows to be per replica carry PER_REPLICA_SCOPE.
 SCOPE = "distloop_per_example"
+PER_REPLICA_SCOPE = "distloop_per_replica"
+# Randomness whose state is a variable or the kernel's: per replica, whatever its shape.
+_STATEFUL_OP_PREFIXES = ("Stateful", "RngSkip", "RngReadAndSkip", "RandomUniform",
+                         "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+                         "Multinomial", "RandomGamma", "RandomPoisson")
 _RANDOM_OP_PREFIXES = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
                        "StatelessParameterizedTruncatedNormal", "Stateful", "RngSkip",
                        "RngReadAndSkip", "RandomUniform", "RandomStandardNormal",
@@ -33,6 +39,7 @@ _RANDOM_OP_PREFIXES = ("StatelessRandom", "StatelessTruncatedNormal", "Stateless
 _NOT_DRAWS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetAlg",
               "StatelessRandomGetKeyCounterAlg")
 
+PER_REPLICA = "per_replica"  # _rows_of_global: a draw per replica (another layout, micro-batches)
 _active = threading.local()  # MirroredStrategy traces each replica in a thread of its own
 _installed = False
 
@@ -56,11 +63,18 @@ def drawn_per_replica():
   micro-batches, each drawn with the seed's next value) are not per example; left as Keras
   draws them, they count as randomness that depends on the replica count."""
   before = getattr(_active, "batch", None)
-  _active.batch = None
+  _active.batch = PER_REPLICA if before is not None else None
   try:
     yield
   finally:
     _active.batch = before
+
+
+@contextlib.contextmanager
+def seeded_per_replica():
+  """Marks StepContext.seed()'s ops: what is drawn from it differs on each replica."""
+  with tf.name_scope(PER_REPLICA_SCOPE):
+    yield
 
 
 @contextlib.contextmanager
@@ -73,18 +87,19 @@ def drawn_per_example():
 
 def shape_dependent_draws(graph_def) -> list[str]:
   """'op in node' for each random op in the traced step (and every function it calls)
-  that was not drawn per example: its numbers change with the replica count."""
+  whose numbers change with the replica count: a stateful one (a tf.random.Generator),
+  StepContext.seed()'s, and a Keras draw not made per example (PER_REPLICA). A stateless op
+  of your own is as per-example as its seed (one of step.example_seeds: per example; of
+  step.seed(): named by that seed's op), so it is not named by itself."""
   nodes = [*graph_def.node, *(node for function in graph_def.library.function
                               for node in function.node_def)]
   return [f"{node.op} in {node.name}" for node in nodes
           if node.op.startswith(_RANDOM_OP_PREFIXES) and node.op not in _NOT_DRAWS
-          and SCOPE not in node.name]
+          and SCOPE not in node.name
+          and (node.op.startswith(_STATEFUL_OP_PREFIXES) or PER_REPLICA_SCOPE in node.name)]
 
 
 # -- the draws ---------------------------------------------------------------------
-
-
-PER_REPLICA = "per_replica"  # _rows_of_global: a draw over the batch in another layout
 
 
 def _rows_of_global(shape):
@@ -95,6 +110,8 @@ def _rows_of_global(shape):
   two views of each example; or a later dimension: a time-major [T, B, D]): per example,
   but not in a layout distloop can slice, so left as Keras draws it and counted as
   randomness that depends on the replica count."""
+  if _active.batch is PER_REPLICA:  # drawn_per_replica
+    return PER_REPLICA
   global_batch, num_replicas = _active.batch
   context = tf.distribute.get_replica_context()
   dims = _dims(shape)
@@ -136,12 +153,27 @@ def _shaped(original):
       return original(shape, *args, **kwargs)
     found = _rows_of_global(shape)
     if found is PER_REPLICA:
-      return original(shape, *args, **kwargs)
+      with tf.name_scope(PER_REPLICA_SCOPE):
+        return original(shape, *args, **kwargs)
     with tf.name_scope(SCOPE):
       if found is None:
         return original(shape, *args, **kwargs)
       global_shape, first, rows = found
       return original(global_shape, *args, **kwargs)[first:first + rows]
+
+  draw.__wrapped__ = original
+  return draw
+
+
+def _per_replica(original):
+  """shuffle (MixUp's and CutMix's partners: within the replica's share), categorical,
+  gamma, binomial, beta: not drawn per example, named as randomness per replica."""
+
+  def draw(*args, **kwargs):
+    if getattr(_active, "batch", None) is None:
+      return original(*args, **kwargs)
+    with tf.name_scope(PER_REPLICA_SCOPE):
+      return original(*args, **kwargs)
 
   draw.__wrapped__ = original
   return draw
@@ -159,7 +191,8 @@ def _dropout(original, backend_random):
     noise = backend_random._get_concrete_noise_shape(inputs, noise_shape)  # pylint: disable=protected-access
     found = _rows_of_global(noise)
     if found is PER_REPLICA:
-      return original(inputs, rate, noise_shape, seed)
+      with tf.name_scope(PER_REPLICA_SCOPE):
+        return original(inputs, rate, noise_shape, seed)
     with tf.name_scope(SCOPE):
       if found is None:
         return original(inputs, rate, noise_shape, seed)
@@ -185,4 +218,6 @@ def _install() -> None:
   for name in ("normal", "uniform", "truncated_normal", "randint"):
     setattr(backend_random, name, _shaped(getattr(backend_random, name)))
   backend_random.dropout = _dropout(backend_random.dropout, backend_random)
+  for name in ("shuffle", "categorical", "gamma", "binomial", "beta"):
+    setattr(backend_random, name, _per_replica(getattr(backend_random, name)))
   _installed = True
