@@ -89,6 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint.init_from = ""     # warm start: a model_dir or checkpoints/<step> to take weights from
   config.checkpoint.init_partial = False  # init_from: load only the variables whose name and shape match (a new head), list the rest; false = refuse any mismatch
   config.checkpoint.if_unreadable = "stop"  # no checkpoint readable: stop (exit 2, nothing moved) | start_over (set them aside in checkpoints_corrupt/, train from step 0)
+  config.checkpoint.lease_seconds = 60.0  # a gs:// or s3:// model_dir: the writer's lease on it expires this long after its holder last renewed it (a SIGKILLed trainer's, say); the next run then takes it over (docs/scaling-out.md)
   config.checkpoint.allow_other_trajectory = False  # a resume on another replica count of a model whose trajectory depends on it (unsynchronized BatchNorm; randomness not drawn per example): refused unless true (docs/fault-tolerance.md)
 
   config.runtime = ml_collections.ConfigDict()

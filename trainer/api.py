@@ -33,6 +33,7 @@ from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import config_changes
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import writer_lock
 from trainer.task import epochs
@@ -66,18 +67,29 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
     library_logs.hide_library_info()
   with _signals_handled() if handle_signals else contextlib.nullcontext():
     try:
-      return execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)
-    except (UserError, input_pipelines.DataError, Preempted):
+      model_dir = mirror.staged(model_dir)  # gs://, s3://: a local copy, written back
+      result = execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)
+      return mirror.display(result) if isinstance(result, str) else result
+    except (UserError, input_pipelines.DataError, Preempted) as e:
+      _display_urls(e)
       raise
     except Exception as e:  # pylint: disable=broad-except  (translated or re-raised)
       translated = translate(e)
       if translated is None:
+        _display_urls(e)
         raise
-      raise translated from None
+      raise _display_urls(translated) from None
     finally:  # the CLI leaves without them (os._exit); a Python caller's process goes on
       controller = sys.modules.get("trainer.loop.controller")
       if controller is not None:
         controller.join_teardowns()
+
+
+def _display_urls(error: BaseException) -> BaseException:
+  """`error` with its message naming a bucket model_dir by its URL, not its staging."""
+  if error.args and isinstance(error.args[0], str):
+    error.args = (mirror.display(error.args[0]), *error.args[1:])
+  return error
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,
@@ -90,7 +102,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   available, then (training) the writer lock on model_dir, then the Trainer.
   `config_source` says in words where the config came from (the logs of eval modes).
   """
-  layout.check_local(model_dir)  # a gs:// or s3:// URL: refused, naming the FUSE route
+  model_dir = mirror.staged(model_dir, fresh=False)  # gs://, s3://: its local staging
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     validation.check_config(config)
   layout.check_layout(model_dir)
@@ -154,7 +166,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
       batching.check_stream(source)
   _stop_if_signalled(config)
 
-  with (_writer(model_dir) if training and runtime.is_chief(strategy)
+  with (_writer(model_dir, config) if training and runtime.is_chief(strategy)
         else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions,
                      config_source, epoch_plan)
@@ -266,7 +278,7 @@ def _signals_handled():
 
 
 @contextlib.contextmanager
-def _writer(model_dir: str):
+def _writer(model_dir: str, config):
   """Holds the model_dir lock for the block (the chief of train/train_and_eval only).
 
   Taken after every check that needs no model (so a refused run never creates
@@ -278,7 +290,8 @@ def _writer(model_dir: str):
   cannot be written fails here (exit 1), not at the first save after training.
   """
   from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
-  lock = writer_lock.WriterLock.acquire(model_dir)
+  lock = writer_lock.WriterLock.acquire(model_dir,
+                                        lease_seconds=config.checkpoint.lease_seconds)
   refused = False
   try:
     with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
@@ -289,6 +302,9 @@ def _writer(model_dir: str):
         if removed:
           logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
                        len(removed), directory, ", ".join(removed))
+        bucket = mirror.of(directory)
+        if bucket is not None:  # the steps without a commit marker (a save cut short)
+          bucket.forget_steps(directory)
       yield lock
   except Exception as e:  # pylint: disable=broad-except  (re-raised)
     refused = is_bad_input(e) and not layout.holds_results(model_dir)

@@ -30,6 +30,7 @@ from configs.files import resolve
 from configs.files import ConfigFileError
 from configs.files import load
 from input_pipelines.native_output import native_startup_silenced
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.task import module_names
 from trainer.errors import UserError
@@ -42,6 +43,7 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
   """`argv` with `--config` resolved to a file (inserted when absent), and a few words
   saying which config that is (logged at start-up)."""
   resolved = list(argv)
+  _stage_model_dir(resolved)
   index, value = _flag_value(resolved, "config")
   if value is not None:
     spec = resolve(value)
@@ -51,11 +53,6 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
       resolved[index] = "--config=" + spec
     return resolved, _described(spec)
   model_dir = _flag_value(resolved, "model_dir")[1]
-  if model_dir:
-    try:  # before looking for a config.json there: the refusal names the FUSE route
-      layout.check_local(model_dir)
-    except UserError as e:
-      raise ConfigFileError(str(e)) from None
   mode = _flag_value(resolved, "mode")[1] or "train"
   recorded = layout.config_path(model_dir) if model_dir else None
   if recorded and os.path.isfile(recorded):
@@ -67,6 +64,24 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
   else:
     spec = configs.path_of(_DEFAULT)
   return [resolved[0], "--config=" + spec, *resolved[1:]], _described(spec)
+
+
+def _stage_model_dir(argv: list[str]) -> None:
+  """A gs:// or s3:// --model_dir becomes its local staging directory in `argv`
+  (trainer/state/mirror.py), before its config.json is looked for there; UserError
+  (as a ConfigFileError: exit 2) for a URL that cannot be used."""
+  index, model_dir = _flag_value(argv, "model_dir")
+  if not model_dir:
+    return
+  try:
+    staged = mirror.staged(model_dir)
+  except UserError as e:
+    raise ConfigFileError(str(e)) from None
+  if staged != model_dir:
+    if argv[index].startswith(("--model_dir=", "-model_dir=")):
+      argv[index] = "--model_dir=" + staged
+    else:
+      argv[index + 1] = staged
 
 
 def command(argv: list[str], resolved: list[str]) -> str:

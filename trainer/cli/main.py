@@ -29,6 +29,7 @@ from trainer.cli import logs
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.loop import progress
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.task import epochs
 from trainer.task import validation
@@ -95,6 +96,7 @@ def _leave(code: int) -> None:
   busy machine (issue 31), and a thread of a user's Action left running could hold it
   forever: nothing is left to do that must wait for them."""
   progress.finish()
+  mirror.remove_staging()  # a bucket model_dir's local copy: everything is in the bucket
   for handler in logging.get_absl_logger().handlers + [logging.get_absl_handler()]:
     handler.flush()
   sys.stdout.flush()
@@ -119,8 +121,8 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   result = api.execute(config, model_dir, mode, checkpoint_step, config_source=_config_used)
   if mode in ("train", "train_and_eval"):
     if result.get("already_finished"):
-      print(f"Already finished at step {result['step']} in {model_dir}; nothing to do "
-            f"(summary: {layout.summary_path(model_dir)}).")
+      print(mirror.display(f"Already finished at step {result['step']} in {model_dir}; "
+                           f"nothing to do (summary: {layout.summary_path(model_dir)})."))
     else:
       _log_summary(result, model_dir)
   elif mode == "eval":
@@ -211,6 +213,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(resolved)
   except config_file.ConfigFileError as e:
     _fail(EXIT_BAD_INPUT, e)
+  except StorageError as e:  # a bucket that kept failing while its model_dir was staged
+    _fail(EXIT_FAILURE, e)
   except flags.Error as e:
     _fail(EXIT_BAD_INPUT, e)
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
@@ -227,7 +231,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _fail(code: int, error, immediately: bool = False) -> None:
   """One line on stderr, no traceback."""
-  message = " ".join(str(error).split())
+  message = mirror.display(" ".join(str(error).split()))
   print(f"distloop: error: {message}", file=sys.stderr)
   if immediately:
     _leave(code)
@@ -240,7 +244,7 @@ def _report_preempted(stop: Preempted) -> None:
   if flags.FLAGS.is_parsed():
     logging.warning("%s", stop)
   else:
-    print(f"distloop: {stop}", file=sys.stderr, flush=True)
+    print(f"distloop: {mirror.display(str(stop))}", file=sys.stderr, flush=True)
   preemption.reported()
 
 

@@ -31,7 +31,7 @@ class MetricsLog:
       return
     self.close()
     with open(self.path, newline="") as f:
-      kept = [row for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step]
+      kept = [row for row in csv.reader(f) if _whole(row) and int(row[0]) <= step]
     temporary = self.path + ".tmp"
     try:
       with open(temporary, "w", newline="") as f:
@@ -89,3 +89,15 @@ class MetricsLog:
     if storage.reason(error) is None:
       return error
     return storage.failure("metrics.csv", self.path, error)
+
+
+def _whole(row: list[str]) -> bool:
+  """A row written whole: a copy of a file being appended to (a bucket's, taken at a
+  checkpoint) may end in half a row."""
+  if len(row) != 4 or not row[0].isdigit():
+    return False
+  try:
+    float(row[3])
+  except ValueError:
+    return False
+  return True

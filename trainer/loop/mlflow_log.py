@@ -25,6 +25,7 @@ from absl import logging
 from trainer.cluster import preemption
 from trainer.errors import UserError
 from trainer.loop import summaries
+from trainer.state import mirror
 
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
@@ -84,8 +85,9 @@ class MlflowLog:
       experiment_id = (experiment.experiment_id if experiment is not None
                        else self._client.create_experiment(self._experiment))
       run = self._client.create_run(
-          experiment_id, run_name=os.path.basename(os.path.normpath(self._model_dir)),
-          tags={"distloop.model_dir": os.path.abspath(self._model_dir)})
+          experiment_id, run_name=os.path.basename(os.path.normpath(
+              mirror.display(self._model_dir))),
+          tags={"distloop.model_dir": mirror.display(os.path.abspath(self._model_dir))})
       self._run_id = run.info.run_id
       params = [Param(key, str(value)[:6000])
                 for key, value in summaries.flatten_config(config_dict).items()]
@@ -96,6 +98,9 @@ class MlflowLog:
     with open(path + ".tmp", "w") as f:
       json.dump({"tracking_uri": self._uri, "run_id": self._run_id}, f)
     os.replace(path + ".tmp", path)
+    bucket = mirror.of(path)
+    if bucket is not None:
+      bucket.push_file(path)
     logging.info("MLflow: run %s in experiment %r at %s", self._run_id, self._experiment,
                  self._uri)
 

@@ -30,10 +30,11 @@ import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer.cluster import sharding  # pylint: disable=wrong-import-position
+from trainer.state import mirror  # pylint: disable=wrong-import-position
 from trainer.state import model_dir as layout  # pylint: disable=wrong-import-position
 from trainer.state import storage  # pylint: disable=wrong-import-position
 from trainer.state import write_echoes  # pylint: disable=wrong-import-position
-from trainer.errors import UserError  # pylint: disable=wrong-import-position
+from trainer.errors import StorageError, UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
 _TEMPORARY = ".orbax-checkpoint-tmp"
@@ -143,7 +144,11 @@ class Checkpoints:
 
   def reload(self) -> None:
     """Re-reads the committed steps from disk: orbax caches its list, so a reader of
-    a live job's checkpoints (continuous_eval) calls this to see new and deleted steps."""
+    a live job's checkpoints (continuous_eval) calls this to see new and deleted steps
+    (on a bucket, staged anew first)."""
+    bucket = mirror.of(self.directory)
+    if bucket is not None and not self._writer:
+      bucket.refresh()
     self._settled().reload()
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
@@ -170,11 +175,17 @@ class Checkpoints:
     os.makedirs(self.directory, exist_ok=True)
     # A keep-best manager ranks steps by metric, not by age: after a rollback it must
     # still take a step older than its newest one (orbax skips those unless forced).
-    self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
-                       args=ocp.args.Composite(
+    saved = self._manager.save(step, metrics=metrics, force=self._best_metric is not None,
+                               args=ocp.args.Composite(
         model=ocp.args.StandardSave(model_tree),
         optimizer=ocp.args.StandardSave(optimizer_tree),
         meta=ocp.args.JsonSave(meta)))
+    bucket = mirror.of(self.directory)
+    if bucket is not None:  # in the bucket: its files, then its commit marker
+      if saved:
+        bucket.commit_step(self.directory, step)
+      else:
+        bucket.forget_steps(self.directory)
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
               *, advice: str | None = None, ours: str = "this config", who: str = ""):
@@ -212,6 +223,10 @@ class Checkpoints:
   def _read_failures(self, step: int):
     """Permission / I/O errors -> StorageError; anything else unreadable -> CorruptCheckpoint."""
     try:
+      bucket = mirror.of(self.directory)
+      if bucket is not None and not os.path.isdir(os.path.join(self.directory, str(step))):
+        bucket.refresh()  # saved since it was staged (a worker rolling back to it)
+        self._settled().reload()
       _open_every_file(os.path.join(self.directory, str(step)))
       yield
     except UserError:
@@ -233,6 +248,10 @@ class Checkpoints:
     self._settled()
     shutil.move(os.path.join(self.directory, str(step)), destination)
     self._manager.reload()
+    bucket = mirror.of(self.directory)
+    if bucket is not None:  # kept in the bucket too, then the step is no longer one
+      bucket.push_tree(destination)
+      bucket.forget_steps(self.directory)
     return destination
 
   def wait(self) -> None:
@@ -252,6 +271,9 @@ class Checkpoints:
     directory and the space it needed; its unfinished temporary is removed."""
     try:
       yield
+    except StorageError:  # a bucket's failure, or a lost lease: one line already
+      self._failed = True
+      raise
     except Exception as e:  # pylint: disable=broad-except  (tensorstore raises ValueError)
       if storage.reason(e) is None:
         raise
@@ -350,7 +372,7 @@ def read_model_weights(path: str, model_target: dict, *, partial: bool = False,
   error (the field or call that asked), `ours` names the side being loaded, `advice`
   ends a mismatch's line.
   """
-  path = os.path.abspath(path)
+  path = os.path.abspath(mirror.staged_checkpoints(path, who))
   if os.path.isdir(layout.checkpoint_dir(path)):  # a model_dir
     path = layout.checkpoint_dir(path)
   step = None

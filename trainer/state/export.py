@@ -28,6 +28,7 @@ import tensorflow as tf
 from input_pipelines import autograph_scope
 from trainer.cluster import sharding
 from trainer.errors import UserError
+from trainer.state import mirror
 from trainer.state import storage
 
 # Served = the model's outputs, relative to max(1, |output|): the graph and the eager
@@ -122,6 +123,9 @@ def export_saved_model(served, destination: str, before_write=None, examples=Non
     raise storage.failure("the SavedModel export", destination, e,
                           needed_bytes=sum(int(getattr(w, "nbytes", 0)) for w in weights)
                           ) from None
+  bucket = mirror.of(destination)
+  if bucket is not None:  # saved_model.pb last: an upload cut short is no SavedModel
+    bucket.push_tree(destination, last=("saved_model.pb",))
 
 
 def _plain_copy(served, input_spec):

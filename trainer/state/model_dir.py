@@ -22,8 +22,10 @@
                         refused (exit 2: `finished_record`)
   .lock                 held by the writing trainer (trainer/state/writer_lock.py)
 
-`check_local` refuses a URL (`gs://`, `s3://`, any `scheme://`): the lock and the
-atomic renames need a POSIX file system, so a bucket is used through a FUSE mount.
+A model_dir on a bucket (`gs://`, `s3://`) has this layout too, in objects: the run
+works in a local staging copy and trainer/state/mirror.py puts each finished piece in
+the bucket (a checkpoint step counts once its `commit_success.txt` is there); the
+lock is a lease (trainer/state/lease.py). `check_location` refuses other schemes.
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
 symbolic link loop); `check_writable` finds a read-only directory at start-up (exit 2,
@@ -33,12 +35,13 @@ the first save after the training.
 import json
 import math
 import os
-import re
 import tempfile
 import time
 
 from absl import logging
 
+from trainer.state import buckets
+from trainer.state import mirror
 from trainer.state import storage
 from trainer.errors import StorageError, UserError
 
@@ -51,19 +54,12 @@ _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "expor
                         "config_history")
 
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def check_local(path: str, what: str = "--model_dir") -> None:
-  """UserError for a URL: tf.io could write some files there, but not the one-writer lock
-  (O_EXCL) nor the atomic renames the checkpoints and JSON files rely on, and a plain
-  os.makedirs would create a local directory named `gs:`. No half-working path."""
-  match = _URL.match(str(path))
-  if match:
-    raise UserError(f"{what}={path}: {match.group(1)}:// URLs are not supported (distloop's "
-                    f"one-writer lock and atomic renames need a POSIX file system); mount the "
-                    f"bucket with a FUSE driver (gcsfuse, mountpoint-s3, s3fs) and give the "
-                    f"mount path, e.g. {what}=/mnt/bucket/run1")
+def check_location(path: str, what: str = "--model_dir") -> None:
+  """UserError for a URL distloop cannot write: a scheme other than gs:// and s3://
+  (`hdfs://`, `az://`; a plain os.makedirs would create a local directory named
+  `hdfs:`), or no bucket name. gs:// and s3:// are staged (trainer/state/mirror.py)."""
+  if buckets.is_url(path):
+    buckets.parse(path, what)
 
 
 def check_layout(model_dir: str) -> None:
@@ -185,7 +181,10 @@ def clear_finished(model_dir: str) -> None:
   try:
     os.remove(finished_path(model_dir))
   except FileNotFoundError:
-    pass
+    return
+  bucket = mirror.of(model_dir)
+  if bucket is not None:
+    bucket.remove(finished_path(model_dir))
 
 
 def final_step(model_dir: str, train_steps: int) -> int | None:
@@ -364,6 +363,9 @@ def write_json(path: str, value: dict) -> None:
     except OSError:
       pass
     raise storage.failure(os.path.basename(path), path, e, needed_bytes=len(text)) from None
+  bucket = mirror.of(path)
+  if bucket is not None:  # one object, written whole
+    bucket.push_file(path)
 
 
 def read_summary(model_dir: str) -> dict | None:

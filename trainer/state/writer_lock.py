@@ -23,6 +23,8 @@ import time
 
 from absl import logging
 
+from trainer.state import lease
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import storage
 from trainer.errors import UserError
@@ -40,9 +42,14 @@ class WriterLock:
     self.created_model_dir = created_model_dir
 
   @classmethod
-  def acquire(cls, model_dir: str) -> "WriterLock":
-    """Locks model_dir (creating it if needed); UserError naming the holder if it is held."""
+  def acquire(cls, model_dir: str, *, lease_seconds: float = 60.0):
+    """Locks model_dir (creating it if needed); UserError naming the holder if it is held.
+    A bucket model_dir (staged: trainer/state/mirror.py) is locked by a lease instead
+    (trainer/state/lease.py: the same refusals, and a dead holder's lease expires)."""
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
+    bucket = mirror.of(model_dir)
+    if bucket is not None:
+      return lease.BucketLease.acquire(bucket, lease_seconds)
     created = not os.path.isdir(model_dir)
     path = layout.lock_path(model_dir)
     try:

@@ -18,6 +18,7 @@ import models
 from trainer.task import epochs
 from trainer.task import heads
 from trainer.task import plugins
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.task.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
 from trainer.errors import UserError
@@ -128,8 +129,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
   if config.checkpoint.init_from:
-    layout.check_local(config.checkpoint.init_from, "checkpoint.init_from")
-  if config.checkpoint.init_from and not os.path.isdir(config.checkpoint.init_from):
+    layout.check_location(config.checkpoint.init_from, "checkpoint.init_from")
+  if config.checkpoint.init_from and not os.path.isdir(mirror.staged_checkpoints(
+      config.checkpoint.init_from, "checkpoint.init_from")):
     raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
   if config.checkpoint.init_partial and not config.checkpoint.init_from:
     raise UserError("checkpoint.init_partial=true applies to a warm start: set "

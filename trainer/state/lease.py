@@ -1,0 +1,165 @@
+"""One writer per bucket model_dir: a lease on the object `<model_dir>/.lock`.
+
+A bucket has no flock, and a process killed with SIGKILL releases nothing: so the
+lock is an object created with the store's own precondition (GCS
+`ifGenerationMatch=0`, S3 `If-None-Match: *`: of two creates exactly one succeeds),
+holding who holds it (host, pid, since, a token of this run), and renewed by its
+holder every lease_seconds/4 with a compare-and-swap (`ifGenerationMatch=<ours>`,
+`If-Match: <etag>`). A lease not renewed for `checkpoint.lease_seconds` has expired:
+its holder is dead or cut off.
+
+A trainer that finds the lease held watches it: renewed meanwhile, the holder is alive
+and this one exits 2 naming it; not renewed for lease_seconds (by the store's clock,
+or by this process's own watch, whichever comes first), it is taken over with the same
+compare-and-swap, and said in one line. Two takeovers racing swap the same version:
+one wins, the other then sees a live holder and exits 2. A holder checks its lease
+before each checkpoint commit (trainer/state/mirror.py): one whose lease was taken
+over, or that could not renew it for lease_seconds, stops writing (exit 1).
+"""
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from absl import logging
+
+from trainer.errors import StorageError, UserError
+from trainer.state import buckets
+
+LOCK_NAME = ".lock"
+
+
+class BucketLease:
+  """Held from `acquire()` to `release()`; `created_model_dir`: the bucket held nothing
+  under model_dir before (a refused run then leaves nothing)."""
+
+  def __init__(self, mirror, version: str, record: dict, lease_seconds: float):
+    self.mirror = mirror
+    self.key = mirror.key(os.path.join(mirror.local, LOCK_NAME))
+    self.path = mirror.bucket.url(self.key)
+    self.created_model_dir = mirror.created
+    self._version = version
+    self._record = record
+    self._seconds = lease_seconds
+    self._renewed = time.monotonic()
+    self._lost: str | None = None
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._renew_until_released, daemon=True,
+                                    name="distloop: writer lease")
+    self._thread.start()
+    mirror.lease = self
+
+  @classmethod
+  def acquire(cls, mirror, lease_seconds: float, *, clock=time.time,
+              sleep=time.sleep) -> "BucketLease":
+    """The lease of `mirror`'s model_dir; UserError (exit 2) naming a live holder."""
+    key = mirror.key(os.path.join(mirror.local, LOCK_NAME))
+    url = mirror.bucket.url(key)
+    token = uuid.uuid4().hex
+    record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token,
+              "lease_seconds": lease_seconds}
+    data = json.dumps(record).encode()
+    watched = None  # (version, when this process first saw it)
+    said_waiting = False
+    while True:
+      version = mirror.bucket.create(key, data)
+      if version is not None or _ours(mirror.bucket, key, token):
+        return cls(mirror, version or mirror.bucket.read_versioned(key)[1], record,
+                   lease_seconds)
+      found = mirror.bucket.read_versioned(key)
+      if found is None:
+        continue  # released meanwhile: create it again
+      raw, version, modified = found
+      holder = _parse(raw)
+      seconds = float(holder.get("lease_seconds") or lease_seconds)
+      if watched is not None and watched[0] != version:
+        raise UserError(f"--model_dir={mirror.url} is in use by another trainer "
+                        f"({_describe(holder)}; it renewed its lease {url} meanwhile): only "
+                        f"one may write it: wait for that one to end, or stop it, or use "
+                        f"another --model_dir")
+      if watched is None:
+        watched = (version, time.monotonic())
+      idle = max(clock() - modified, time.monotonic() - watched[1])
+      if idle >= seconds:
+        taken = mirror.bucket.replace(key, data, version)
+        if taken is not None:
+          logging.warning("Took over the writer lease %s of %s: not renewed for %.0f s "
+                          "(checkpoint.lease_seconds=%g), the holder is gone", url,
+                          _describe(holder), idle, seconds)
+          return cls(mirror, taken, record, lease_seconds)
+        watched = (None, time.monotonic())  # another took it first: watch the new holder
+        continue
+      if not said_waiting:
+        logging.info("--model_dir=%s is leased to %s (renewed %.0f s ago): waiting up to "
+                     "%.0f s to see whether it is alive (checkpoint.lease_seconds)",
+                     mirror.url, _describe(holder), max(clock() - modified, 0), seconds - idle)
+        said_waiting = True
+      sleep(min(max(seconds / 8, 0.2), seconds - idle))
+
+  def _renew_until_released(self) -> None:
+    interval = max(self._seconds / 4, 0.1)
+    while not self._stop.wait(interval):
+      record = {**self._record, "renewed": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+      try:
+        version = self.mirror.bucket.replace(self.key, json.dumps(record).encode(),
+                                             self._version)
+      except buckets.BucketError as e:
+        logging.warning("could not renew the writer lease %s (%s): trying again", self.path, e)
+        continue
+      if version is None and not _ours(self.mirror.bucket, self.key, self._record["token"]):
+        found = self.mirror.bucket.read_versioned(self.key)
+        holder = _describe(_parse(found[0])) if found else "nobody: it was deleted"
+        self._lost = f"another trainer took it over ({holder})"
+        logging.error("lost the writer lease %s: %s", self.path, self._lost)
+        return
+      self._version = version or self.mirror.bucket.read_versioned(self.key)[1]
+      self._renewed = time.monotonic()
+
+  def check(self) -> None:
+    """StorageError unless this process still holds the lease: before each commit."""
+    if self._lost is None and time.monotonic() - self._renewed > self._seconds:
+      self._lost = (f"it could not be renewed for {self._seconds:g} s "
+                    f"(checkpoint.lease_seconds), so another trainer may take it over")
+    if self._lost is not None:
+      raise StorageError(f"lost the writer lease {self.path}: {self._lost}; this run writes "
+                         f"no more to {self.mirror.url}")
+
+  def release(self, *, refused: bool = False) -> None:
+    """Puts the last logs in the bucket and deletes the lease (if still ours). `refused`:
+    a run of bad input on a path that held nothing leaves nothing there."""
+    self._stop.set()
+    self._thread.join()
+    self.mirror.lease = None
+    if self._lost is not None:
+      return
+    try:
+      if refused and self.created_model_dir:
+        self.mirror.remove_everything()
+      else:
+        self.mirror.push_logs()
+    finally:
+      self.mirror.bucket.delete(self.key, self._version)
+
+
+def _ours(bucket, key: str, token: str) -> bool:
+  """Whether the lease object holds `token` (a write of ours whose reply was lost, then
+  retried against its own new version, looks like a refusal)."""
+  found = bucket.read_versioned(key)
+  return found is not None and _parse(found[0]).get("token") == token
+
+
+def _parse(raw: bytes) -> dict:
+  try:
+    record = json.loads(raw.decode("utf-8"))
+  except ValueError:
+    return {}
+  return record if isinstance(record, dict) else {}
+
+
+def _describe(holder: dict) -> str:
+  if not holder.get("host"):
+    return "a holder that wrote no host and pid"
+  return f"host {holder['host']}, pid {holder.get('pid')}, since {holder.get('since')}"

@@ -1,0 +1,308 @@
+"""A model_dir on a bucket (gs://, s3://), staged on the local disk.
+
+Everything distloop writes goes first to a local staging directory, with the same
+layout as a model_dir on disk (trainer/state/model_dir.py), so orbax, TensorBoard's
+writer and the SavedModel exporter work there as they do on any disk; this module
+then puts each finished piece in the bucket as whole objects, in an order that makes
+what is in the bucket always a model_dir that can be resumed:
+
+  a checkpoint step  its files, then the event files and metrics.csv as they are
+                     now, then `checkpoints/<step>/commit_success.txt` last (orbax's
+                     own commit marker on object stores): a step without it is never
+                     listed, restored or kept (a save cut short leaves no step);
+                     retention deletes a step's marker first
+  a JSON file        one object (config.json, summary.json, finished.json, ...)
+  an export          variables and assets first, `saved_model.pb` last: an export cut
+                     short is no SavedModel at all
+  metrics.csv, TensorBoard's event files
+                     whole objects, at each checkpoint and at the end; a resumed run
+                     drops the rows past its step (metrics_log.restart_at) and writes
+                     the file whole again: no row lost or doubled
+
+On start-up the committed steps, the JSON files and metrics.csv are copied down
+(`staged`); a reader that polls (continuous_eval, the evaluator) calls `refresh`.
+The staging directory is a cache: a new machine starts from the bucket alone. Log
+lines and errors name the bucket's URL, never the staging path (`display`).
+
+Only the holder of the writer lease writes checkpoints and logs
+(trainer/state/lease.py); each worker of a multi-worker job stages its own copy.
+"""
+import logging as std_logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+from absl import logging
+
+from trainer.state import buckets
+
+COMMIT_MARKER = "commit_success.txt"
+_STEP_DIRECTORIES = ("checkpoints", "checkpoints_best")
+_LOGS = ("metrics.csv",)
+_LOG_DIRECTORIES = ("tensorboard",)
+_DOWNLOADING = ".orbax-checkpoint-tmp-download"  # a name orbax and distloop skip as unfinished
+_MIRRORS: dict[str, "Mirror"] = {}  # staging directory -> its mirror
+_LOCK = threading.Lock()
+
+
+class Mirror:
+  """One bucket model_dir and its staging directory (`local`)."""
+
+  def __init__(self, url: str, bucket: buckets.Bucket, prefix: str, local: str):
+    self.url = url.rstrip("/")
+    self.bucket = bucket
+    self.prefix = prefix
+    self.local = local
+    self.created = False  # the bucket held nothing under this path when first staged
+    self._pushed_logs: dict[str, tuple] = {}  # path -> (size, mtime) last put in the bucket
+    self._log_lock = threading.Lock()  # the writer thread and the end of a run both push logs
+    self.lease = None  # set by the writer lease: checked before each commit
+
+  # Keys and paths.
+  def key(self, path: str) -> str:
+    relative = os.path.relpath(os.path.abspath(path), self.local).replace(os.sep, "/")
+    return f"{self.prefix}/{relative}" if self.prefix else relative
+
+  def _path(self, key: str) -> str:
+    relative = key[len(self.prefix) + 1:] if self.prefix else key
+    return os.path.join(self.local, *relative.split("/"))
+
+  def url_of(self, path: str) -> str:
+    return self.bucket.url(self.key(path))
+
+  def _keys(self, under: str = "") -> list[str]:
+    base = f"{self.prefix}/{under}" if self.prefix else under
+    return self.bucket.list(base.rstrip("/") + "/" if base else "")
+
+  # Reading: the bucket -> the staging directory.
+  def pull(self) -> None:
+    """The staging directory := what the bucket holds that a run reads: the committed
+    checkpoint steps, the JSON files, config_history/, metrics.csv; the names of the
+    exports and of the steps set aside (their contents stay in the bucket)."""
+    keys = self._keys()
+    self.created = not keys
+    relatives = [key[len(self.prefix) + 1:] if self.prefix else key for key in keys]
+    self._pull_steps(relatives)
+    for relative in relatives:
+      top, _, rest = relative.partition("/")
+      if not rest and relative != ".lock":  # a file of model_dir's own
+        self._download(relative)
+      elif top == "config_history":
+        self._download(relative)
+      elif top == "export" and rest.endswith("/saved_model.pb") and rest.count("/") == 1:
+        os.makedirs(os.path.join(self.local, "export", rest.split("/")[0]), exist_ok=True)
+      elif top == "checkpoints_corrupt":
+        os.makedirs(os.path.join(self.local, top, rest.split("/")[0]), exist_ok=True)
+    for name in os.listdir(self.local) if os.path.isdir(self.local) else []:
+      path = os.path.join(self.local, name)
+      if os.path.isfile(path) and name not in relatives:
+        os.remove(path)  # removed in the bucket (finished.json, by a run training again)
+
+  def refresh(self) -> None:
+    """What a poller needs anew: the committed steps, finished.json, summary.json."""
+    relatives = [key[len(self.prefix) + 1:] if self.prefix else key for key in self._keys()]
+    self._pull_steps(relatives)
+    for name in ("finished.json", "summary.json", "config.json", "run_id.json"):
+      if name in relatives:
+        self._download(name)
+      elif os.path.exists(os.path.join(self.local, name)):
+        os.remove(os.path.join(self.local, name))
+
+  def _pull_steps(self, relatives: list[str]) -> None:
+    for directory in _STEP_DIRECTORIES:
+      files: dict[str, list[str]] = {}
+      for relative in relatives:
+        parts = relative.split("/")
+        if parts[0] == directory and len(parts) > 2 and parts[1].isdigit():
+          files.setdefault(parts[1], []).append(relative)
+      committed = {step for step, names in files.items()
+                   if f"{directory}/{step}/{COMMIT_MARKER}" in names}
+      local_directory = os.path.join(self.local, directory)
+      here = set(os.listdir(local_directory)) if os.path.isdir(local_directory) else set()
+      for step in sorted(committed - here, key=int):
+        self._download_step(directory, step, files[step])
+      for step in here - committed:
+        if step.isdigit():  # deleted from the bucket (retention) since it was staged
+          shutil.rmtree(os.path.join(local_directory, step), ignore_errors=True)
+
+  def _download_step(self, directory: str, step: str, relatives: list[str]) -> None:
+    """A committed step, whole, under a temporary name first: a download cut short is
+    never taken for a step."""
+    final = os.path.join(self.local, directory, step)
+    partial = final + _DOWNLOADING
+    shutil.rmtree(partial, ignore_errors=True)
+    for relative in relatives:
+      inside = relative[len(f"{directory}/{step}/"):]
+      self._download(relative, os.path.join(partial, *inside.split("/")))
+    os.replace(partial, final)
+
+  def _download(self, relative: str, path: str | None = None) -> None:
+    path = path or os.path.join(self.local, *relative.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    self.bucket.download(f"{self.prefix}/{relative}" if self.prefix else relative,
+                         path + ".download")
+    os.replace(path + ".download", path)
+
+  # Writing: the staging directory -> the bucket.
+  def push_file(self, path: str) -> None:
+    """One file as one object (a reader sees the old one or the new one)."""
+    self.bucket.upload(self.key(path), path)
+
+  def remove(self, path: str) -> None:
+    self.bucket.delete(self.key(path))
+
+  def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
+    """Every file under `directory`; those named in `last` after all the others."""
+    files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
+             for name in names]
+    for path in sorted(files, key=lambda p: os.path.basename(p) in last):
+      self.push_file(path)
+
+  def commit_step(self, directory: str, step: int) -> None:
+    """Step `step` of `directory` (checkpoints/ or checkpoints_best/), saved in the
+    staging directory: its files, the logs, then its commit marker; then the steps
+    retention removed here are removed in the bucket (marker first)."""
+    step_dir = os.path.join(directory, str(step))
+    self.push_tree(step_dir)
+    self.push_logs()
+    if self.lease is not None:
+      self.lease.check()  # another trainer took model_dir over: commit nothing more
+    self.bucket.write(self.key(os.path.join(step_dir, COMMIT_MARKER)),
+                      f"committed step {step} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+                      .encode())
+    self.forget_steps(directory)
+
+  def forget_steps(self, directory: str) -> None:
+    """Removes from the bucket the steps of `directory` that are not in the staging
+    directory (retention, a step set aside, a save cut short): the marker first, so a
+    deletion cut short leaves no step that looks committed."""
+    here = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    steps: dict[str, list[str]] = {}
+    for key in self._keys(os.path.basename(directory)):
+      parts = key[len(self.key(directory)) + 1:].split("/")
+      if parts[0].isdigit():
+        steps.setdefault(parts[0], []).append(key)
+    for step, keys in steps.items():
+      if step in here:
+        continue
+      for key in sorted(keys, key=lambda k: not k.endswith("/" + COMMIT_MARKER)):
+        self.bucket.delete(key)
+
+  def push_logs(self) -> None:
+    """metrics.csv and the event files that changed since last put, each whole."""
+    with self._log_lock:
+      paths = [os.path.join(self.local, name) for name in _LOGS]
+      for name in _LOG_DIRECTORIES:
+        for parent, _, names in os.walk(os.path.join(self.local, name)):
+          paths += [os.path.join(parent, file) for file in names]
+      for path in paths:
+        try:
+          info = os.stat(path)
+        except FileNotFoundError:
+          continue
+        signature = (info.st_size, info.st_mtime_ns)
+        if self._pushed_logs.get(path) == signature:
+          continue
+        with open(path, "rb") as f:
+          data = f.read()
+        if path.endswith(".csv"):  # whole rows only: the run may be appending one now
+          data = data[:data.rfind(b"\n") + 1]
+        self.bucket.write(self.key(path), data)
+        self._pushed_logs[path] = signature
+
+  def remove_everything(self) -> None:
+    """A refused run on a path that held nothing: what it put there goes (the lease
+    keeps anyone else from writing meanwhile)."""
+    for key in self._keys():
+      if not key.endswith("/.lock") and key != ".lock":
+        self.bucket.delete(key)
+
+
+def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
+  """`path` itself if it is local; for a gs:// or s3:// URL, its staging directory,
+  pulled from the bucket (the same one for the same URL in this process: pulled again
+  if `fresh`). UserError for a URL distloop cannot use: another scheme, no bucket
+  name, no such bucket, a denied credential."""
+  if not buckets.is_url(path):
+    return path
+  scheme, name, prefix = buckets.parse(path, what)
+  url = f"{scheme}://{name}/{prefix}" if prefix else f"{scheme}://{name}"
+  with _LOCK:
+    for mirror in _MIRRORS.values():
+      if mirror.url == url:
+        if fresh:
+          mirror.pull()
+        return mirror.local
+    bucket = buckets.open_bucket(url, what)
+    bucket.check(f"{what}={url}")
+    local = tempfile.mkdtemp(prefix=f"distloop-{scheme}-{name}-")
+    mirror = Mirror(url, bucket, prefix, local)
+    try:
+      mirror.pull()
+    except buckets.BucketError as e:
+      shutil.rmtree(local, ignore_errors=True)
+      if e.permanent:
+        raise buckets.UserError(f"{what}={url}: {e}") from None
+      raise
+    if not _MIRRORS:
+      logging.get_absl_logger().addFilter(_UrlsShown())
+    _MIRRORS[local] = mirror
+    logging.info("model_dir %s: staged in %s (a local cache of what the bucket holds)",
+                 url, local)
+    return local
+
+
+def staged_checkpoints(path: str, what: str) -> str:
+  """A model_dir, its checkpoints/ or one checkpoints/<step> (checkpoint.init_from,
+  load_weights), staged as `staged` does when it is a URL."""
+  if not buckets.is_url(path):
+    return path
+  scheme, name, prefix = buckets.parse(path, what)
+  parts = prefix.split("/") if prefix else []
+  tail = []
+  if len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in _STEP_DIRECTORIES:
+    parts, tail = parts[:-2], parts[-2:]
+  elif parts and parts[-1] in _STEP_DIRECTORIES:
+    parts, tail = parts[:-1], parts[-1:]
+  root = staged(f"{scheme}://{name}/{'/'.join(parts)}", what, fresh=False)
+  return os.path.join(root, *tail)
+
+
+def of(path: str) -> Mirror | None:
+  """The mirror whose staging directory holds `path`, if any."""
+  path = os.path.abspath(str(path))
+  for local, mirror in list(_MIRRORS.items()):
+    if path == local or path.startswith(local + os.sep):
+      return mirror
+  return None
+
+
+def display(text: str) -> str:
+  """`text` with each staging directory written as its bucket's URL."""
+  for local, mirror in list(_MIRRORS.items()):
+    if local in text:
+      text = text.replace(local, mirror.url)
+  return text
+
+
+class _UrlsShown(std_logging.Filter):
+  """Log lines name a bucket model_dir by its URL (the staging path means nothing to
+  whoever reads them)."""
+
+  def filter(self, record):
+    if _MIRRORS:
+      message = record.getMessage()
+      shown = display(message)
+      if shown != message:
+        record.msg, record.args = shown, None
+    return True
+
+
+def remove_staging() -> None:
+  """Removes every staging directory (the process is done with them)."""
+  with _LOCK:
+    for local in list(_MIRRORS):
+      shutil.rmtree(local, ignore_errors=True)
+      del _MIRRORS[local]
