@@ -38,3 +38,8 @@ def pytest_terminal_summary(terminalreporter):
   if skipped:
     reason = str(skipped[0].longrepr[-1]).removeprefix("Skipped: ")
     terminalreporter.write_sep("=", f"{len(skipped)} {reason}", yellow=True, bold=True)
+
+
+# Object stores behind fault-injecting proxies, for gs:// and s3:// model_dirs (tests/object_stores.py)
+from tests.object_stores import (  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import
+    gcs_emulator, s3_emulator, gcs_store, s3_store, object_store)
