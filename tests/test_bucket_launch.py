@@ -3,6 +3,7 @@ workers train the weights of two replicas in one process, bit for bit, and only 
 writes the bucket. The job and its emulator run in one private network namespace
 (tests/bucket_job.py): TensorFlow's servers listen on 0.0.0.0, and the test's own
 emulators are out of that namespace's reach."""
+import json
 import os
 import subprocess
 import sys
@@ -37,4 +38,28 @@ def test_two_workers_on_a_bucket_reach_the_weights_of_two_replicas(tmp_path, two
   for step in ("20", "40", "60"):
     assert (copy / "checkpoints" / step / "commit_success.txt").is_file()
   assert (copy / "export" / str(_STEPS) / "saved_model.pb").is_file()
+  assert_same_state(checkpoint_arrays(copy, _STEPS), two_replicas, atol=0)
+
+
+@pytest.mark.parametrize("scheme", ["gs"])
+def test_a_ray_train_run_on_a_bucket_reports_its_checkpoint_there(tmp_path, two_replicas,
+                                                                   scheme):
+  """Catches a Ray job refusing a bucket model_dir (as every URL was), a restarted chief
+  waiting for a flock a bucket has not, and a reported checkpoint that names the staging
+  copy of a worker (gone with it) instead of the bucket's committed step."""
+  if unavailable(scheme):
+    pytest.skip(unavailable(scheme))
+  pytest.importorskip("ray", reason="Ray is not installed (the [ray] extra)")
+  from tests.test_ray import _RAY_ENV  # pylint: disable=g-import-not-at-top
+  copy, result = tmp_path / "bucket", tmp_path / "result.json"
+  job = subprocess.run(
+      [*loopback_only(), sys.executable, os.path.join(REPO, "tests", "bucket_job.py"), scheme,
+       str(copy), "tests.ray_job", "--model_dir={url}", *_FLAGS, "--num_workers=2",
+       f"--storage_path={tmp_path / 'ray_results'}"],
+      cwd=REPO, env={**user_environment(), **_RAY_ENV, "RAY_JOB_RESULT": str(result)},
+      capture_output=True, text=True, timeout=900)
+  assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
+  reported = json.loads(result.read_text())
+  assert reported["checkpoint_dir"] == f"{scheme}://bucket-1/run/checkpoints/{_STEPS}"
+  assert reported["metrics"]["step"] == _STEPS
   assert_same_state(checkpoint_arrays(copy, _STEPS), two_replicas, atol=0)

@@ -90,8 +90,9 @@ class Job:
       sys.path.append(os.getcwd())
     cli._parse_flags(list(argv))  # pylint: disable=protected-access  (its one-line refusals)
     values = flags.FLAGS
-    try:
-      job = cls.of(cli._load_config(), values.model_dir, mode=values.mode,  # pylint: disable=protected-access
+    from trainer.state import mirror  # pylint: disable=g-import-not-at-top
+    try:  # a bucket's URL, not the staging copy the CLI's flags hold (each worker stages its own)
+      job = cls.of(cli._load_config(), mirror.display(values.model_dir), mode=values.mode,  # pylint: disable=protected-access
                    num_workers=values.num_workers, max_failures=values.max_failures,
                    storage_path=values.storage_path)
     except UserError as e:
@@ -106,23 +107,31 @@ class Job:
     from input_pipelines.native_output import native_startup_silenced  # pylint: disable=g-import-not-at-top
     from trainer import api  # pylint: disable=g-import-not-at-top
     from trainer.state import config_changes  # pylint: disable=g-import-not-at-top
+    from trainer.state import buckets  # pylint: disable=g-import-not-at-top
+    from trainer.state import mirror  # pylint: disable=g-import-not-at-top
     from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
     from trainer.task import validation  # pylint: disable=g-import-not-at-top
     if mode not in _MODES:
       raise UserError(f"--mode={mode}: a Ray job trains (train, train_and_eval); run eval, "
                       f"export and continuous_eval with python -m trainer")
     config = _multi_worker(api._as_config(config))  # pylint: disable=protected-access
-    layout.check_local(model_dir)
-    model_dir = os.path.abspath(model_dir)  # Ray's workers run in a directory of their own
+    layout.check_location(model_dir)
+    if not buckets.is_url(model_dir):
+      model_dir = os.path.abspath(model_dir)  # Ray's workers run in a directory of their own
     with native_startup_silenced():  # a plug-in module may import TensorFlow
       validation.check_config(config)
-    layout.check_layout(model_dir)
-    config_changes.check(model_dir, config.to_dict(), api.task_fields(config, None)[1])
-    storage_path = os.path.abspath(storage_path or os.path.dirname(model_dir))
+    staged = mirror.staged(model_dir)  # a bucket's: checked in a local copy (each worker
+    layout.check_layout(staged)        # stages its own)
+    config_changes.check(staged, config.to_dict(), api.task_fields(config, None)[1])
+    parent = model_dir.rstrip("/").rsplit("/", 1)[0]
+    if storage_path is None:
+      storage_path = parent
+    if not buckets.is_url(storage_path):
+      storage_path = os.path.abspath(storage_path)
     return cls(loop_config={"config": config, "model_dir": model_dir, "mode": mode,
                             "cwd": os.getcwd(), "path": [os.getcwd(), *sys.path]},
                num_workers=num_workers, max_failures=max_failures, storage_path=storage_path,
-               name=f"{os.path.basename(model_dir)}.ray")
+               name=f"{model_dir.rstrip('/').rsplit('/', 1)[-1]}.ray")
 
 
 def _multi_worker(config):
@@ -158,7 +167,7 @@ def train_loop(loop_config: dict) -> None:
   logging.set_verbosity(logging.INFO)
   logging.info("Ray Train worker %d of %d (pid %d, TF_CONFIG from Ray)%s", index, count,
                os.getpid(), ": the chief" if index == 0 else "")
-  if index == 0:
+  if index == 0 and "://" not in model_dir:  # a bucket's lease waits out a dead holder itself
     wait_for_writer(model_dir)
   from ray import train as ray_train  # pylint: disable=g-import-not-at-top
   reporter = Reporter.of_ray(ray_train, model_dir)
@@ -240,6 +249,8 @@ def checkpoint_dir(checkpoint) -> str:
   plain orbax; its model_dir is what trainer.run(..., mode="eval") and a resume take.
   UserError if the pointer is not distloop's or the step is gone (checkpoint.max_to_keep
   removed it, or the run ended before that save was committed)."""
+  from trainer.state import buckets  # pylint: disable=g-import-not-at-top
+  from trainer.state import mirror  # pylint: disable=g-import-not-at-top
   from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
   with checkpoint.as_directory() as directory:
     path = os.path.join(directory, POINTER_FILE)
@@ -248,8 +259,14 @@ def checkpoint_dir(checkpoint) -> str:
                       f"distloop's ray_train.train_loop")
     with open(path, encoding="utf-8") as f:
       pointer = json.load(f)
-  step_dir = os.path.join(layout.checkpoint_dir(pointer["model_dir"]), str(pointer["step"]))
-  if not os.path.isdir(step_dir):
+  if buckets.is_url(pointer["model_dir"]):  # committed: its marker is in the bucket
+    step_dir = f"{pointer['model_dir'].rstrip('/')}/checkpoints/{pointer['step']}"
+    bucket = buckets.open_bucket(step_dir, "a Ray checkpoint")
+    present = bucket.read(f"{buckets.parse(step_dir)[2]}/{mirror.COMMIT_MARKER}") is not None
+  else:
+    step_dir = os.path.join(layout.checkpoint_dir(pointer["model_dir"]), str(pointer["step"]))
+    present = os.path.isdir(step_dir)
+  if not present:
     raise UserError(f"{step_dir}: step {pointer['step']} of this Ray checkpoint is not on disk "
                     f"(checkpoint.max_to_keep removed it, or the run ended before it was "
                     f"committed); the model_dir's latest checkpoint is what a resume reads")
