@@ -290,3 +290,36 @@ def test_an_inconsistent_environment_is_one_line(environ, expected):
 def test_render_refuses_bad_values(values, expected):
   with pytest.raises(render.RenderError, match=expected):
     render.render(os.path.join(_DIR, "job.yaml"), **{**_VALUES, **values})
+
+
+_BUCKET_VALUES = {"NAME": "run1", "IMAGE": "registry.example/distloop:1",
+                  "MODEL_DIR": "gs://my-bucket/runs"}
+
+
+def test_the_bucket_job_needs_no_volume_and_validates():
+  """Catches the bucket variant still mounting a PersistentVolumeClaim (a pod that cannot
+  start without one), a model_dir that is not the bucket's, and a manifest the API
+  server would refuse."""
+  service, job = yaml.safe_load_all(render.render(os.path.join(_DIR, "job-bucket.yaml"),
+                                                  **_BUCKET_VALUES))
+  validate(service, "V1Service")
+  validate(job, "V1Job")
+  pod = job["spec"]["template"]["spec"]
+  (container,) = pod["containers"]
+  assert "volumes" not in pod and "volumeMounts" not in container
+  assert "--model_dir=gs://my-bucket/runs/run1" in container["args"]
+  assert pod["serviceAccountName"] == "default"
+  # The same failure policy and cluster as job.yaml's: only the storage differs.
+  _, plain = _service_and_job()
+  assert job["spec"]["podFailurePolicy"] == plain["spec"]["podFailurePolicy"]
+  assert container["env"] == plain["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"MODEL_DIR": ""}, "missing MODEL_DIR"),
+    ({"MODEL_DIR": "/mnt/runs"}, "MODEL_DIR=/mnt/runs: a bucket folder"),
+    ({"MODEL_DIR": "hdfs://nn/runs"}, "MODEL_DIR=hdfs://nn/runs"),
+])
+def test_render_refuses_a_bucket_job_without_a_bucket(values, expected):
+  with pytest.raises(render.RenderError, match=expected):
+    render.render(os.path.join(_DIR, "job-bucket.yaml"), **{**_BUCKET_VALUES, **values})
