@@ -27,6 +27,7 @@ lines and errors name the bucket's URL, never the staging path (`display`).
 Only the holder of the writer lease writes checkpoints and logs
 (trainer/state/lease.py); each worker of a multi-worker job stages its own copy.
 """
+import concurrent.futures
 import logging as std_logging
 import os
 import shutil
@@ -43,6 +44,7 @@ _STEP_DIRECTORIES = ("checkpoints", "checkpoints_best")
 _LOGS = ("metrics.csv",)
 _LOG_DIRECTORIES = ("tensorboard",)
 _DOWNLOADING = ".orbax-checkpoint-tmp-download"  # a name orbax and distloop skip as unfinished
+_UPLOADS = 8  # files of a step put in the bucket at once
 _MIRRORS: dict[str, "Mirror"] = {}  # staging directory -> its mirror
 _LOCK = threading.Lock()
 
@@ -133,9 +135,11 @@ class Mirror:
     final = os.path.join(self.local, directory, step)
     partial = final + _DOWNLOADING
     shutil.rmtree(partial, ignore_errors=True)
-    for relative in relatives:
-      inside = relative[len(f"{directory}/{step}/"):]
-      self._download(relative, os.path.join(partial, *inside.split("/")))
+    with concurrent.futures.ThreadPoolExecutor(_UPLOADS) as pool:
+      for done in [pool.submit(self._download, relative, os.path.join(
+          partial, *relative[len(f"{directory}/{step}/"):].split("/")))
+                   for relative in relatives]:
+        done.result()
     os.replace(partial, final)
 
   def _download(self, relative: str, path: str | None = None) -> None:
@@ -154,11 +158,17 @@ class Mirror:
     self.bucket.delete(self.key(path))
 
   def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
-    """Every file under `directory`; those named in `last` after all the others."""
+    """Every file under `directory`, _UPLOADS at a time (a step has ~20 files: one by one,
+    a request's latency each); those named in `last` once all the others are there."""
     files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
              for name in names]
-    for path in sorted(files, key=lambda p: os.path.basename(p) in last):
-      self.push_file(path)
+    first = [path for path in files if os.path.basename(path) not in last]
+    with concurrent.futures.ThreadPoolExecutor(_UPLOADS) as pool:
+      for done in [pool.submit(self.push_file, path) for path in first]:
+        done.result()  # the first failure, after the others ended
+    for path in files:
+      if os.path.basename(path) in last:
+        self.push_file(path)
 
   def commit_step(self, directory: str, step: int) -> None:
     """Step `step` of `directory` (checkpoints/ or checkpoints_best/), saved in the
@@ -187,8 +197,12 @@ class Mirror:
     for step, keys in steps.items():
       if step in here:
         continue
-      for key in sorted(keys, key=lambda k: not k.endswith("/" + COMMIT_MARKER)):
+      marker = [key for key in keys if key.endswith("/" + COMMIT_MARKER)]
+      for key in marker:  # first: from here on the step is not one
         self.bucket.delete(key)
+      with concurrent.futures.ThreadPoolExecutor(_UPLOADS) as pool:
+        for done in [pool.submit(self.bucket.delete, key) for key in keys if key not in marker]:
+          done.result()
 
   def push_logs(self) -> None:
     """metrics.csv and the event files that changed since last put, each whole."""
