@@ -43,6 +43,7 @@ from trainer.loop import steps
 from trainer.loop import summaries
 from trainer.state import elastic
 from trainer.state import export
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
 from trainer.task import epochs
@@ -566,6 +567,10 @@ class Trainer:
     self._log_metrics(step, "eval", {name: result[name]
                                      for name in [*self._eval_names, "examples"]})
     self.summaries.flush()
+    if self._read_only and self.is_chief:  # eval modes hold no lease: their events, now
+      bucket = mirror.of(self.model_dir)
+      if bucket is not None:
+        bucket.push_logs()
     self._eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step,
                  _metrics_line(result, self._eval_names), result["examples"])

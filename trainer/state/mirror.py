@@ -91,6 +91,9 @@ class Mirror:
       top, _, rest = relative.partition("/")
       if not rest and relative != ".lock":  # a file of model_dir's own
         self._download(relative)
+        if relative in _LOGS:  # as the bucket has it: put back only once changed here
+          path = os.path.join(self.local, relative)
+          self._pushed_logs[path] = _signature(path)
       elif top == "config_history":
         self._download(relative)
       elif top == "export" and rest.endswith("/saved_model.pb") and rest.count("/") == 1:
@@ -212,11 +215,9 @@ class Mirror:
         for parent, _, names in os.walk(os.path.join(self.local, name)):
           paths += [os.path.join(parent, file) for file in names]
       for path in paths:
-        try:
-          info = os.stat(path)
-        except FileNotFoundError:
+        if not os.path.exists(path):
           continue
-        signature = (info.st_size, info.st_mtime_ns)
+        signature = _signature(path)
         if self._pushed_logs.get(path) == signature:
           continue
         with open(path, "rb") as f:
@@ -232,6 +233,11 @@ class Mirror:
     for key in self._keys():
       if not key.endswith("/.lock") and key != ".lock":
         self.bucket.delete(key)
+
+
+def _signature(path: str) -> tuple:
+  info = os.stat(path)
+  return info.st_size, info.st_mtime_ns
 
 
 def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
