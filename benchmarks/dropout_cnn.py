@@ -16,7 +16,6 @@ import sys
 
 import ml_collections
 
-import models
 
 # Printed to stderr by `build_per_replica_draws`: the benchmark checks that the switch ran
 # (it imports this module without Keras: Keras is imported where a model is built).
@@ -24,20 +23,15 @@ SWITCHED_OFF = "benchmarks.dropout_cnn: per-example draws switched off in this p
 
 
 def build(model_config: ml_collections.ConfigDict, input_spec):
+  """The seed CNN (models/mnist_cnn.py), a Dropout inserted before its logits."""
   import keras  # pylint: disable=g-import-not-at-top
-  shape, _ = models.single_input("benchmarks.dropout_cnn", input_spec)
+  from models import mnist_cnn  # pylint: disable=g-import-not-at-top  (imports Keras)
+  seed_cnn = mnist_cnn.build(model_config, input_spec)
+  *body, logits = seed_cnn.layers
   return keras.Sequential(
-      [
-          keras.Input(shape=shape, name="images"),
-          keras.layers.Conv2D(model_config.conv_filters, 3, activation="relu", name="conv"),
-          keras.layers.MaxPooling2D(2, name="pool"),
-          keras.layers.Flatten(name="flatten"),
-          keras.layers.Dense(model_config.dense_units, activation="relu", name="hidden"),
-          keras.layers.Dropout(model_config.dropout_rate, name="dropout"),
-          keras.layers.Dense(model_config.num_classes, name="logits"),
-      ],
-      name="mnist_cnn",
-  )
+      [keras.Input(shape=seed_cnn.input_shape[1:], name="images"), *body,
+       keras.layers.Dropout(model_config.dropout_rate, name="dropout"), logits],
+      name="mnist_cnn")
 
 
 def build_per_replica_draws(model_config: ml_collections.ConfigDict, input_spec):

@@ -597,14 +597,16 @@ class Trainer:
     No worker leaves before every worker is here, the chief's save done: a worker that
     exited at once (its own save is nothing to write) left the chief's stop agreement
     without its part ("Socket closed"), and the step it said was on disk never was."""
+    unsaved = None
     try:
       self.save(position)
       self.train_state.wait()
     except StorageError as e:
-      self.agreement.at_the_end()
-      raise Preempted(position.step, unsaved=str(e),
-                      last_complete=self.train_state.latest_step()) from None
+      unsaved = str(e)
     self.agreement.at_the_end()
+    if unsaved is not None:
+      raise Preempted(position.step, unsaved=unsaved,
+                      last_complete=self.train_state.latest_step())
     raise Preempted(position.step)
 
   def _log_metrics(self, step: int, split: str, values: dict) -> None:

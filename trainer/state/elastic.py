@@ -27,8 +27,11 @@ def words(recorded: dict) -> str:
   replicas = recorded.get("replicas")
   workers = recorded.get("workers", 1)
   where = f"{workers} workers, " if workers and workers > 1 else ""
-  return (f"{replicas} replica{'s' if replicas != 1 else ''} "
-          f"({where}{recorded.get('strategy', '?')})")
+  return f"{_replicas(replicas)} ({where}{recorded.get('strategy', '?')})"
+
+
+def _replicas(count) -> str:
+  return f"{count} replica{'s' if count != 1 else ''}"
 
 
 def judge(recorded, now: dict, *, step: int, deterministic: bool, dependence: list[str],
@@ -56,7 +59,7 @@ def judge(recorded, now: dict, *, step: int, deterministic: bool, dependence: li
     return f"{head}: the same replica count, the same trajectory ({same})"
   else:
     on = "the replica count"
-    again = f"{recorded['replicas']} replica{'s' if recorded['replicas'] != 1 else ''}"
+    again = _replicas(recorded["replicas"])
   if dependence:
     what = "; ".join(dependence[:3]) + (f" and {len(dependence) - 3} more"
                                         if len(dependence) > 3 else "")

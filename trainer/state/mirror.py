@@ -155,10 +155,17 @@ class Mirror:
   # Writing: the staging directory -> the bucket.
   def push_file(self, path: str) -> None:
     """One file as one object (a reader sees the old one or the new one)."""
+    self._still_the_writer()
     self.bucket.upload(self.key(path), path)
 
   def remove(self, path: str) -> None:
+    self._still_the_writer()
     self.bucket.delete(self.key(path))
+
+  def _still_the_writer(self) -> None:
+    """StorageError if this process held the writer lease and lost it: it writes no more."""
+    if self.lease is not None:
+      self.lease.check()
 
   def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
     """Every file under `directory`, _UPLOADS at a time (a step has ~20 files: one by one,
@@ -180,8 +187,7 @@ class Mirror:
     step_dir = os.path.join(directory, str(step))
     self.push_tree(step_dir)
     self.push_logs()
-    if self.lease is not None:
-      self.lease.check()  # another trainer took model_dir over: commit nothing more
+    self._still_the_writer()  # another trainer took model_dir over: commit nothing more
     self.bucket.write(self.key(os.path.join(step_dir, COMMIT_MARKER)),
                       f"committed step {step} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                       .encode())
@@ -209,6 +215,7 @@ class Mirror:
 
   def push_logs(self) -> None:
     """metrics.csv and the event files that changed since last put, each whole."""
+    self._still_the_writer()
     with self._log_lock:
       paths = [os.path.join(self.local, name) for name in _LOGS]
       for name in _LOG_DIRECTORIES:

@@ -165,10 +165,9 @@ class StepContext:
     augmentation is the same for 1, 2 or 3 replicas and in a resumed run. Map it over
     the examples with their seed, e.g. tf.map_fn over (images, seeds) with
     tf.image.stateless_random_flip_left_right(image, seed)."""
-    with randomness.drawn_per_example():
-      return self._rows(tf.random.stateless_uniform(
-          [self.global_batch_size, 2], self._step_seed(salt), minval=None, maxval=None,
-          dtype=tf.int64))
+    return self._rows(tf.random.stateless_uniform(
+        [self.global_batch_size, 2], self._step_seed(salt), minval=None, maxval=None,
+        dtype=tf.int64))
 
   def seed(self, salt: int = 0):
     """A stateless seed ([2] int64) of (runtime.seed, salt, step, replica): one per replica
@@ -183,16 +182,14 @@ class StepContext:
     """Standard-normal noise [this replica's examples, *shape]: the rows of the global
     batch's draw this replica holds, so the global batch's noise is the same for any
     replica count (a GAN's samples, a diffusion model's noise)."""
-    with randomness.drawn_per_example():
-      return self._rows(tf.random.stateless_normal(
-          [self.global_batch_size, *shape], self._step_seed(salt), dtype=dtype))
+    return self._rows(tf.random.stateless_normal(
+        [self.global_batch_size, *shape], self._step_seed(salt), dtype=dtype))
 
   def uniform(self, shape, dtype=tf.float32, salt: int = 0, minval=0, maxval=1):
     """Uniform noise, as `normal`."""
-    with randomness.drawn_per_example():
-      return self._rows(tf.random.stateless_uniform(
-          [self.global_batch_size, *shape], self._step_seed(salt), minval=minval,
-          maxval=maxval, dtype=dtype))
+    return self._rows(tf.random.stateless_uniform(
+        [self.global_batch_size, *shape], self._step_seed(salt), minval=minval,
+        maxval=maxval, dtype=dtype))
 
   def _step_seed(self, salt: int):
     base = tf.constant([self._seed, salt], tf.int64)

@@ -23,19 +23,14 @@ import threading
 
 import tensorflow as tf
 
-# Random ops drawn per example carry this in their name (the step's graph is checked);
-# draws distloop knows to be per replica carry PER_REPLICA_SCOPE.
-SCOPE = "distloop_per_example"
+from trainer.task import stateful_ops
+
+# Draws distloop knows to be per replica carry this in their ops' names (the step's graph
+# is checked); a draw with a state (stateful_ops: the kernel's, or a Generator's variable)
+# is per replica whatever its name.
 PER_REPLICA_SCOPE = "distloop_per_replica"
-# Randomness whose state is a variable or the kernel's: per replica, whatever its shape.
-_STATEFUL_OP_PREFIXES = ("Stateful", "RngSkip", "RngReadAndSkip", "RandomUniform",
-                         "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
-                         "Multinomial", "RandomGamma", "RandomPoisson")
-_RANDOM_OP_PREFIXES = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
-                       "StatelessParameterizedTruncatedNormal", "Stateful", "RngSkip",
-                       "RngReadAndSkip", "RandomUniform", "RandomStandardNormal",
-                       "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
-                       "RandomPoisson")
+_STATELESS_DRAWS = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
+                    "StatelessParameterizedTruncatedNormal")
 _NOT_DRAWS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetAlg",
               "StatelessRandomGetKeyCounterAlg")
 
@@ -77,14 +72,6 @@ def seeded_per_replica():
     yield
 
 
-@contextlib.contextmanager
-def drawn_per_example():
-  """Marks the ops drawn inside as shape-invariant: StepContext's `normal`, `uniform` and
-  `example_seeds` (already rows of the global batch's draw)."""
-  with tf.name_scope(SCOPE):
-    yield
-
-
 def shape_dependent_draws(graph_def) -> list[str]:
   """'op in node' for each random op in the traced step (and every function it calls)
   whose numbers change with the replica count: a stateful one (a tf.random.Generator),
@@ -94,9 +81,9 @@ def shape_dependent_draws(graph_def) -> list[str]:
   nodes = [*graph_def.node, *(node for function in graph_def.library.function
                               for node in function.node_def)]
   return [f"{node.op} in {node.name}" for node in nodes
-          if node.op.startswith(_RANDOM_OP_PREFIXES) and node.op not in _NOT_DRAWS
-          and SCOPE not in node.name
-          and (node.op.startswith(_STATEFUL_OP_PREFIXES) or PER_REPLICA_SCOPE in node.name)]
+          if node.op in stateful_ops.HIDDEN_RANDOM_OPS or node.op in stateful_ops.VARIABLE_RANDOM_OPS
+          or (PER_REPLICA_SCOPE in node.name and node.op.startswith(_STATELESS_DRAWS)
+              and node.op not in _NOT_DRAWS)]
 
 
 # -- the draws ---------------------------------------------------------------------
@@ -155,11 +142,10 @@ def _shaped(original):
     if found is PER_REPLICA:
       with tf.name_scope(PER_REPLICA_SCOPE):
         return original(shape, *args, **kwargs)
-    with tf.name_scope(SCOPE):
-      if found is None:
-        return original(shape, *args, **kwargs)
-      global_shape, first, rows = found
-      return original(global_shape, *args, **kwargs)[first:first + rows]
+    if found is None:
+      return original(shape, *args, **kwargs)
+    global_shape, first, rows = found
+    return original(global_shape, *args, **kwargs)[first:first + rows]
 
   draw.__wrapped__ = original
   return draw
@@ -193,16 +179,15 @@ def _dropout(original, backend_random):
     if found is PER_REPLICA:
       with tf.name_scope(PER_REPLICA_SCOPE):
         return original(inputs, rate, noise_shape, seed)
-    with tf.name_scope(SCOPE):
-      if found is None:
-        return original(inputs, rate, noise_shape, seed)
-      global_shape, first, rows = found
-      seed = backend_random._cast_seed(backend_random.draw_seed(seed))  # pylint: disable=protected-access
-      drawn = tf.random.stateless_uniform(global_shape, seed=seed, dtype=inputs.dtype)
-      keep = drawn[first:first + rows] >= tf.cast(rate, inputs.dtype)
-      # As stateless_dropout computes it: x * (1 / keep_prob), zero where dropped.
-      scaled = inputs * tf.cast(1 / (1 - rate), inputs.dtype)
-      return tf.where(keep, scaled, tf.zeros([], inputs.dtype))
+    if found is None:
+      return original(inputs, rate, noise_shape, seed)
+    global_shape, first, rows = found
+    seed = backend_random._cast_seed(backend_random.draw_seed(seed))  # pylint: disable=protected-access
+    drawn = tf.random.stateless_uniform(global_shape, seed=seed, dtype=inputs.dtype)
+    keep = drawn[first:first + rows] >= tf.cast(rate, inputs.dtype)
+    # As stateless_dropout computes it: x * (1 / keep_prob), zero where dropped.
+    scaled = inputs * tf.cast(1 / (1 - rate), inputs.dtype)
+    return tf.where(keep, scaled, tf.zeros([], inputs.dtype))
 
   dropout.__wrapped__ = original
   return dropout
