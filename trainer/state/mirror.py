@@ -27,6 +27,7 @@ lines and errors name the bucket's URL, never the staging path (`display`).
 Only the holder of the writer lease writes checkpoints and logs
 (trainer/state/lease.py); each worker of a multi-worker job stages its own copy.
 """
+import atexit
 import concurrent.futures
 import logging as std_logging
 import os
@@ -275,6 +276,7 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
       raise
     if not _MIRRORS:
       logging.get_absl_logger().addFilter(_UrlsShown())
+      atexit.register(remove_staging)  # trainer.run's (the CLI leaves through os._exit)
     _MIRRORS[local] = mirror
     logging.info("model_dir %s: staged in %s (a local cache of what the bucket holds)",
                  url, local)
