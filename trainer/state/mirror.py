@@ -153,10 +153,12 @@ class Mirror:
   def remove(self, path: str) -> None:
     self.bucket.delete(self.key(path))
 
-  def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
-    """Every file under `directory`; those named in `last` after all the others."""
+  def push_tree(self, directory: str, last: tuple[str, ...] = (),
+                skip: tuple[str, ...] = ()) -> None:
+    """Every file under `directory` but the paths in `skip`; those named in `last` after
+    all the others."""
     files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
-             for name in names]
+             for name in names if os.path.join(parent, name) not in skip]
     for path in sorted(files, key=lambda p: os.path.basename(p) in last):
       self.push_file(path)
 
@@ -165,7 +167,8 @@ class Mirror:
     staging directory: its files, the logs, then its commit marker; then the steps
     retention removed here are removed in the bucket (marker first)."""
     step_dir = os.path.join(directory, str(step))
-    self.push_tree(step_dir)
+    # orbax writes its own marker there too: put it now and the step counts before its files
+    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))
     self.push_logs()
     if self.lease is not None:
       self.lease.check()  # another trainer took model_dir over: commit nothing more
