@@ -22,11 +22,15 @@ def pytest_collection_modifyitems(items):
   module fixtures and in-process TensorFlow runtime, except the guarantee matrix, whose
   cells share trained runs per (workload, shape) (tests/guarantees/conftest.py): each of
   those is a unit of its own, so both workers take part in the matrix (it was one file on
-  one worker, the slow suite's longest unit)."""
+  one worker, the slow suite's longest unit). A run on a bucket (storage gs or s3) is
+  read only by its own cells, in one group: they need the bucket's emulator, which each
+  worker starts for itself."""
   for item in items:
     callspec = getattr(item, "callspec", None)
     if item.path.name == "test_matrix.py" and callspec is not None:
       group = f"matrix-{callspec.params['name']}-{callspec.params['shape']}"
+      if callspec.params.get("storage", "local") != "local":
+        group += f"-{callspec.params['storage']}"
     else:
       group = item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
@@ -42,4 +46,5 @@ def pytest_terminal_summary(terminalreporter):
 
 # Object stores behind fault-injecting proxies, for gs:// and s3:// model_dirs (tests/object_stores.py)
 from tests.object_stores import (  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import
-    gcs_emulator, s3_emulator, gcs_store, s3_store, object_store)
+    gcs_emulator, s3_emulator, gcs_store, s3_store, object_store, gcs_session_emulator,
+    s3_session_emulator)

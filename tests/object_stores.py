@@ -523,6 +523,21 @@ def s3_emulator(tmp_path_factory) -> Store:
   yield from _service("s3", tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def gcs_session_emulator(tmp_path_factory) -> Store:
+  """fake-gcs-server behind its proxy, one per pytest process (each pytest-xdist worker
+  has its own), for runs that cells of several modules, or of a module whose tests may be
+  interleaved with another's, read: the guarantee matrix's bucket runs. Leave it passing
+  everything through."""
+  yield from _service("gs", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def s3_session_emulator(tmp_path_factory) -> Store:
+  """moto's S3 server behind its proxy, one per pytest process (see gcs_session_emulator)."""
+  yield from _service("s3", tmp_path_factory)
+
+
 def _fresh(store: Store):
   store.proxy.passthrough()
   yield store

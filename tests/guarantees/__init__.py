@@ -17,6 +17,11 @@ the saved step = the export scored on the eval data (1e-5); and a checkpoint of 
 workload is refused (exit 2, one line, nothing moved). Each tolerance is what the cell
 really achieves, so that the bugs of `python -m tests.mutations` fail a cell. conftest.py trains each (workload, shape) once per
 session and shares it. A new way to lay out a run is one more `SHAPES` entry.
+The checks that read a run's files (SIGTERM and SIGKILL resumes, eval, export) also run
+on storage gs:// and s3:// (conftest.STORAGES: the emulated buckets of
+tests/object_stores.py), for conftest.BUCKET_WORKLOADS on 1 replica: the same run with
+--model_dir=<a bucket>, its SIGKILL cutting a step's upload short, read back from the
+bucket, equal to the run on local disk.
 
 To add a workload (a new feature): append one `Workload` to `CATALOGUE` with
 - `flags`: the command line a user would run (plug-ins from tests/ or examples/; it

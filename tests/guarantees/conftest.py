@@ -6,6 +6,11 @@ step compiled by XLA; a check names the shapes it runs on.
 (eval, export, summary.json), every 10th step kept. `runs.interrupted(name, shape)`
 -> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
 step 35, resumed again to the end; one model_dir, three processes, both resume checks.
+On a bucket (`runs.interrupted(name, shape, store)`: STORAGES, an emulated object store
+of tests/object_stores.py) the interrupted run is the same three processes with
+--model_dir=<a new bucket>, the SIGKILL timed to cut the upload of a step short, and
+its model_dir is the bucket's, downloaded once the run is done: the checks read it as
+they read a local one.
 `runs.sgd(name, shape)`: the uninterrupted run, or with the workload's `sgd_flags`.
 These two are trained once for all of pytest-xdist's workers (other workers' checks read
 them too); the rest once per worker, by the one group of cells that reads them.
@@ -28,6 +33,7 @@ import pathlib
 import re
 import shutil
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -79,19 +85,86 @@ ORDER_SHAPES = {
 }
 
 
+# Where a run's model_dir lives: "local" (a directory: every check, every shape), or a
+# bucket, the same run with --model_dir=gs://... or s3://... (tests/object_stores.py's
+# emulators, one per pytest process: a bucket run is read by its own cells only, one
+# xdist group, tests/conftest.py): BUCKET_WORKLOADS on BUCKET_SHAPES, the checks of
+# BUCKET_CHECKS, each against the same workload on local disk.
+STORAGES = ("local", "gs", "s3")
+BUCKET_EMULATORS = {"gs": "gcs_session_emulator", "s3": "s3_session_emulator"}
+BUCKET_SHAPES = ("1",)
+# The built-in step, a Task (contrastive: 28 s a store, where examples/gan.py takes 38 s with
+# its eval and export, which contrastive has not), variable-length batches.
+BUCKET_WORKLOADS = ("cnn", "contrastive", "variable_length")
+BUCKET_CHECKS = ("sigterm", "sigkill", "eval", "export")
+# The rerun after a SIGKILL waits out the dead holder's writer lease (trainer/state/lease.py):
+# 2 s, not the default 60.
+BUCKET_FLAGS = ("--config.checkpoint.lease_seconds=2",)
+# The step whose upload the SIGKILL cuts short on a bucket (steps 30-35 on disk).
+KILLED_UPLOAD = 30
+
+
 def flags(workload, shape: str, *extra: str) -> list[str]:
   layout = SHAPES[shape] if shape in SHAPES else ORDER_SHAPES[shape]
   evals = catalogue.EVALS if workload.evaluates else ()
   return [*workload.flags, *catalogue.COMMON, *evals, *layout.flags, *extra]
 
 
-def trainer_run(model_dir, *args: str):
-  return run_trainer(model_dir, *args, timeout=TIMEOUT, env=ENV)
+def trainer_run(model_dir, *args: str, env: dict | None = None):
+  return run_trainer(model_dir, *args, timeout=TIMEOUT, env={**ENV, **(env or {})})
 
 
 def complete_steps(model_dir) -> list[int]:
   directory = os.path.join(str(model_dir), "checkpoints")
   return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def committed_steps(store, url: str) -> list[int]:
+  """The steps of a bucket model_dir that count: those whose commit marker is there
+  (trainer/state/mirror.py writes it after the step's files)."""
+  return sorted(int(name.split("/")[0]) for name in store.list(f"{url}/checkpoints")
+                if re.fullmatch(r"\d+/commit_success\.txt", name))
+
+
+def download(store, url: str, destination) -> None:
+  """Every object of the bucket model_dir `url` into `destination`, as files (read past
+  the proxy): the checks then read it as a model_dir on disk."""
+  for name in store.list(url):
+    path = os.path.join(str(destination), *name.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+      f.write(store.read(f"{url}/{name}"))
+
+
+def _kill_mid_upload(store, url: str, process) -> None:
+  """SIGKILLs `process` while it uploads the step directory `url`, after its first objects
+  and before its last, where the store lets a test choose the moment: on s3:// the proxy
+  answers the step's model/ objects 503 (the client retries) and the kill comes at the
+  first such answer (or at once if the step was all uploaded before); on gs://, whose
+  uploads name their object in the body only, it comes once the bucket holds the step's
+  first object (polled past the proxy: 1-3 of its ~20 objects were there, measured)."""
+  deadline = time.monotonic() + 60
+
+  def waiting(until) -> None:
+    while not until():
+      assert process.process.poll() is None, (f"ended while {url} was uploaded:\n"
+                                              f"{process.output[-3000:]}")
+      assert time.monotonic() < deadline, f"{url}: not uploaded in 60 s"
+      time.sleep(0.005)
+
+  if store.scheme != "s3":
+    waiting(lambda: store.list(url))
+    process.send(signal.SIGKILL)
+    return
+  bucket, name = store.split(url)
+  faults = store.proxy.faults
+  store.proxy.deny(status=503, match=f"PUT /{bucket}/{name}/model/")
+  try:
+    waiting(lambda: store.proxy.faults > faults or "commit_success.txt" in store.list(url))
+    process.send(signal.SIGKILL)
+    process.process.wait(timeout=TIMEOUT)  # dead before its retries pass the proxy again
+  finally:
+    store.proxy.passthrough()
 
 
 @dataclasses.dataclass
@@ -100,6 +173,7 @@ class Interrupted:
   stopped_at: int    # the step SIGTERM saved (exit 42)
   killed_after: int  # the step logged when SIGKILL came
   restored: int      # the step the run after SIGKILL resumed from
+  url: str | None = None  # on a bucket: its URL (model_dir is then its download)
 
 
 @dataclasses.dataclass
@@ -213,31 +287,57 @@ class Runs:
       assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
     return self._shared(("sgd", name, shape), train)
 
-  def interrupted(self, name: str, shape: str) -> Interrupted:
+  def interrupted(self, name: str, shape: str, store=None) -> Interrupted:
+    """On local disk, or on a new bucket of `store` (an emulated object store): then the
+    SIGKILL comes once step 35 is logged and the upload of step KILLED_UPLOAD has begun
+    (a kill between a step's first object and its commit marker, most of the time), the
+    rerun must take the dead holder's lease over (one line), restore the newest step whose
+    marker is in the bucket and set nothing aside (checkpoints_corrupt/), and `model_dir`
+    is the bucket's model_dir, downloaded at the end."""
+    storage = store.scheme if store is not None else "local"
+
     def make():
-      model_dir = self._dir(name, shape, "interrupted")
-      args = flags(catalogue.BY_NAME[name], shape)
-      stopped = TrainerProcess(model_dir, *args, env=ENV)
+      workload = catalogue.BY_NAME[name]
+      if store is None:
+        model_dir = target = self._dir(name, shape, "interrupted")
+        args, env = flags(workload, shape), None
+      else:
+        model_dir = self._dir(name, shape, storage, "interrupted")  # the download
+        target = store.new_url(f"{name}-{shape}")
+        args, env = flags(workload, shape, *BUCKET_FLAGS), store.env
+      stopped = TrainerProcess(target, *args, env={**ENV, **(env or {})})
       code = stopped.stop_at(rf"step 5/{catalogue.STEPS}", timeout=TIMEOUT)
       assert code == 42, f"SIGTERM: exit {code}\n{stopped.output[-3000:]}"
       stopped_at = int(re.search(r"preempted at step (\d+)", stopped.output).group(1))
 
-      killed = TrainerProcess(model_dir, *args, env=ENV)
+      killed = TrainerProcess(target, *args, env={**ENV, **(env or {})})
       try:
         killed.wait_for(rf"step 35/{catalogue.STEPS}", timeout=TIMEOUT)
-        killed.send(signal.SIGKILL)
+        if store is None:
+          killed.send(signal.SIGKILL)
+        else:
+          _kill_mid_upload(store, f"{target}/checkpoints/{KILLED_UPLOAD}", killed)
         assert killed.wait(timeout=TIMEOUT) == -signal.SIGKILL, killed.output[-3000:]
       finally:
         killed.kill()
       assert f"Restored checkpoint at step {stopped_at}" in killed.output, killed.output[-3000:]
-      on_disk = complete_steps(model_dir)
+      on_disk = complete_steps(model_dir) if store is None else committed_steps(store, target)
 
-      resumed = trainer_run(model_dir, *args)
+      resumed = trainer_run(target, *args, env=env)
       assert resumed.returncode == 0, f"exit {resumed.returncode}\n{resumed.stderr[-4000:]}"
       restored = int(re.search(r"Restored checkpoint at step (\d+)", resumed.stderr).group(1))
       assert restored == on_disk[-1], (restored, on_disk)  # the newest complete step
-      return Interrupted(model_dir, stopped_at, 35, restored)
-    return self._once(("interrupted", name, shape), make)
+      if store is not None:
+        took_over = [line for line in resumed.stderr.splitlines()
+                     if "Took over the writer lease" in line]
+        assert len(took_over) == 1, resumed.stderr[-4000:]
+        set_aside = store.list(f"{target}/checkpoints_corrupt")
+        assert not set_aside, f"the rerun set aside {set_aside}\n{resumed.stderr[-4000:]}"
+        download(store, target, model_dir)
+      return Interrupted(model_dir, stopped_at, 35, restored,
+                         url=target if store is not None else None)
+    key = ("interrupted", name, shape) if store is None else ("interrupted", name, shape, storage)
+    return self._once(key, make)
 
   def changed(self, name: str, shape: str) -> "Changed":
     def make():
@@ -287,3 +387,14 @@ def eval_rows(model_dir) -> dict:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
   return Runs(tmp_path_factory)
+
+
+@pytest.fixture
+def store(request, storage):
+  """The emulated object store of a cell's `storage` (tests/object_stores.py, one per
+  pytest process), passing everything through; None for local disk."""
+  if storage == "local":
+    return None
+  emulator = request.getfixturevalue(BUCKET_EMULATORS[storage])
+  emulator.proxy.passthrough()
+  return emulator

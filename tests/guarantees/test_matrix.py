@@ -3,9 +3,12 @@
 Tolerances are what each cell really achieves (a resume: bit for bit; a shape: the
 workload's measured `agree_within`), so a change of summation order fails a cell.
 
-A cell is (check, workload, shape). The fast suite runs `FAST`: the built-in CNN's
-eval = --mode=eval = export on 1 replica and one refusal (a few trainer processes,
-~30 s); `python -m pytest -m slow tests/guarantees` runs the rest.
+A cell is (check, workload, shape), and for the checks that read a run's files
+(conftest.BUCKET_CHECKS: the resumes, eval, export) also its storage: local disk, or
+the same run on a gs:// or s3:// bucket (conftest.STORAGES; BUCKET_WORKLOADS on
+BUCKET_SHAPES), which must equal the run on local disk. The fast suite runs `FAST`:
+the built-in CNN's eval = --mode=eval = export on 1 replica and one refusal (a few
+trainer processes, ~30 s); `python -m pytest -m slow tests/guarantees` runs the rest.
 """
 import json
 import os
@@ -15,8 +18,9 @@ import numpy as np
 import pytest
 
 from tests.guarantees import catalogue
-from tests.guarantees.conftest import (ORDER_SHAPES, SHAPES, arrays, complete_steps, digests,
-                                       eval_rows, flags, trainer_run)
+from tests.guarantees.conftest import (BUCKET_CHECKS, BUCKET_FLAGS, BUCKET_SHAPES,
+                                       BUCKET_WORKLOADS, ORDER_SHAPES, SHAPES, STORAGES, arrays,
+                                       complete_steps, digests, eval_rows, flags, trainer_run)
 
 FAST = {("eval", "cnn", "1"), ("export", "cnn", "1"), ("refused", "softmax_head", "1")}
 # A resume is bit for bit: the same kernels, threads and batches in the same order
@@ -27,11 +31,16 @@ EVAL_TOLERANCE = 1e-5
 
 def cells(check: str, shapes=tuple(SHAPES), applies=lambda workload: True):
   """pytest params (workload name, shape) of `check`: slow unless in FAST, skipped
-  where the check does not apply, xfail (strict) on a known defect."""
+  where the check does not apply, xfail (strict) on a known defect. A check of
+  BUCKET_CHECKS: (workload name, shape, storage), local disk's ids as they were, a
+  bucket's "<workload>-<shape>-<gs|s3>" (slow)."""
   params = []
   for workload in catalogue.CATALOGUE:
-    for shape in shapes:
-      marks = [] if (check, workload.name, shape) in FAST else [pytest.mark.slow]
+    for shape, storage in [(shape, "local") for shape in shapes] + [
+        (shape, storage) for storage in STORAGES[1:] for shape in BUCKET_SHAPES
+        if check in BUCKET_CHECKS and workload.name in BUCKET_WORKLOADS and shape in shapes]:
+      on_disk = storage == "local"
+      marks = [] if on_disk and (check, workload.name, shape) in FAST else [pytest.mark.slow]
       why_not = workload.why_not(check, shape)
       if why_not or not applies(workload):
         marks.append(pytest.mark.skip(reason=why_not or f"{workload.name} exports nothing "
@@ -39,8 +48,9 @@ def cells(check: str, shapes=tuple(SHAPES), applies=lambda workload: True):
       defect = workload.defect(check, shape)
       if defect:
         marks.append(pytest.mark.xfail(strict=True, reason=defect))
-      params.append(pytest.param(workload.name, shape, marks=marks,
-                                 id=f"{workload.name}-{shape}"))
+      values = (workload.name, shape, storage) if check in BUCKET_CHECKS else (workload.name, shape)
+      params.append(pytest.param(*values, marks=marks, id=f"{workload.name}-{shape}" + (
+          "" if on_disk else f"-{storage}")))
   return params
 
 
@@ -53,15 +63,17 @@ def assert_same(actual: dict, expected: dict, atol: float, what: str):
                                err_msg=f"{what}: {key} (largest difference {worst:.3g})")
 
 
-@pytest.mark.parametrize("name, shape", cells("sigterm"))
-def test_sigterm_resume_equals_uninterrupted(runs, name, shape):
+@pytest.mark.parametrize("name, shape, storage", cells("sigterm"))
+def test_sigterm_resume_equals_uninterrupted(runs, store, name, shape, storage):
   """SIGTERM at step 5 -> a checkpoint of the stop step, exit 42; the resumed process's
   next checkpoints equal the uninterrupted run's, model, optimizer and Task state, and so
   do the evals it ran (steps 10-30): they read the live state (EMA weights, BatchNorm
   statistics, a Task's variables), so a variable the checkpoint left out fails here
-  even when the checkpoints cannot show it."""
+  even when the checkpoints cannot show it. On a bucket, against the run on local disk:
+  metrics.csv not staged from the bucket on resume (the evals the earlier processes
+  logged lost) fails here."""
   reference, _ = runs.uninterrupted(name, shape)
-  run = runs.interrupted(name, shape)
+  run = runs.interrupted(name, shape, store)
   assert run.stopped_at < run.restored < run.killed_after, run  # written after the resume
   assert_same(arrays(run.model_dir, run.restored), arrays(reference, run.restored),
               RESUME_TOLERANCE, f"step {run.restored} after a SIGTERM at {run.stopped_at}")
@@ -75,13 +87,18 @@ def test_sigterm_resume_equals_uninterrupted(runs, name, shape):
               f"the evals after a SIGTERM at {run.stopped_at} (metrics.csv)")
 
 
-@pytest.mark.parametrize("name, shape", cells("sigkill"))
-def test_sigkill_resume_equals_uninterrupted(runs, name, shape):
+@pytest.mark.parametrize("name, shape, storage", cells("sigkill"))
+def test_sigkill_resume_equals_uninterrupted(runs, store, name, shape, storage):
   """SIGKILL at step 35 loses the steps since the last complete checkpoint; the run that
   resumes from it ends with the uninterrupted run's state, and reports its eval values
-  (which see state a checkpoint comparison cannot: EMA weights, a Task's variables)."""
+  (which see state a checkpoint comparison cannot: EMA weights, a Task's variables).
+  On a bucket the kill cuts the upload of step 30 short (conftest.Runs.interrupted), and
+  the end equals the run on local disk: a step that counts before all its files are in
+  the bucket (orbax's own commit_success.txt uploaded among them, or distloop's marker
+  first), or one staged without its marker (then set aside), fails here
+  (tests/mutations: bucket_*)."""
   reference, expected = runs.uninterrupted(name, shape)
-  run = runs.interrupted(name, shape)
+  run = runs.interrupted(name, shape, store)
   assert run.restored % 10 == 0 and run.restored < run.killed_after, run
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(reference, catalogue.STEPS),
               RESUME_TOLERANCE, f"the end, after a SIGKILL at step {run.killed_after}")
@@ -173,12 +190,34 @@ def test_a_resume_on_another_replica_count_keeps_the_trajectory_or_is_refused(ru
                                          f"on 1 replica, against 1 replica")
 
 
-@pytest.mark.parametrize("name, shape", cells("eval"))
-def test_eval_equals_mode_eval(runs, name, shape):
-  """What training reported at its end (summary.json) is what --mode=eval of the saved
-  step reports: every value, to 1e-5."""
+def _finished(runs, store, name: str, shape: str):
+  """(model_dir, summary.json, where --mode=eval reads it, its env) of the run the eval and
+  export checks read: on local disk the uninterrupted run; on a bucket the interrupted
+  run's (its last process evaluated and exported at the end), downloaded, whose
+  summary must be the local uninterrupted run's: the same values, bit for bit."""
   model_dir, summary = runs.uninterrupted(name, shape)
-  result = trainer_run(model_dir, *flags(catalogue.BY_NAME[name], shape), "--mode=eval")
+  if store is None:
+    return model_dir, summary, model_dir, None
+  run = runs.interrupted(name, shape, store)
+  with open(os.path.join(str(run.model_dir), "summary.json")) as f:
+    on_bucket = json.load(f)
+  assert on_bucket["step"] == catalogue.STEPS, on_bucket
+  assert_same({key: on_bucket.get(key, np.nan) for key in _eval_values(summary)},
+              {key: summary[key] for key in _eval_values(summary)}, RESUME_TOLERANCE,
+              f"summary.json on {store.scheme}:// against local disk")
+  return run.model_dir, on_bucket, run.url, store.env
+
+
+@pytest.mark.parametrize("name, shape, storage", cells("eval"))
+def test_eval_equals_mode_eval(runs, store, name, shape, storage):
+  """What training reported at its end (summary.json) is what --mode=eval of the saved
+  step reports: every value, to 1e-5. On a bucket, --mode=eval reads the bucket
+  (--model_dir=gs://... or s3://...) and summary.json is the bucket's: summary.json not
+  put in the bucket at the end fails here."""
+  _, summary, where, env = _finished(runs, store, name, shape)
+  extra = BUCKET_FLAGS if store is not None else ()
+  result = trainer_run(where, *flags(catalogue.BY_NAME[name], shape, *extra), "--mode=eval",
+                       env=env)
   assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
   evaluated = json.loads(result.stdout.strip().splitlines()[-1])
   assert evaluated["step"] == catalogue.STEPS
@@ -193,13 +232,14 @@ def test_eval_equals_mode_eval(runs, name, shape):
     assert evaluated[key] == pytest.approx(value, abs=EVAL_TOLERANCE), (key, evaluated, summary)
 
 
-@pytest.mark.parametrize("name, shape",
+@pytest.mark.parametrize("name, shape, storage",
                          cells("export", applies=lambda workload: workload.served is not None))
-def test_export_equals_eval(runs, name, shape):
+def test_export_equals_eval(runs, store, name, shape, storage):
   """The SavedModel of the final step, scored on the eval data in numpy, gives what
-  eval reported (summary.json), to 1e-5."""
+  eval reported (summary.json), to 1e-5. On a bucket, the export as the bucket holds it:
+  an upload of saved_model.pb without its variables/ fails here."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  model_dir, summary = runs.uninterrupted(name, shape)
+  model_dir, summary, _, _ = _finished(runs, store, name, shape)
   export_dir = os.path.join(str(model_dir), "export", str(catalogue.STEPS))
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
   scored = catalogue.BY_NAME[name].served(serve, SHAPES[shape].replicas)

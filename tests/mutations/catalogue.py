@@ -343,4 +343,26 @@ CATALOGUE = [
         new="  num_batches = max(1, num_examples // global_batch_size)\n",
         slice=("tests/guarantees/test_matrix.py::test_export_equals_eval[cnn-1]",
                "tests/guarantees/test_matrix.py::test_eval_equals_mode_eval[cnn-1]")),
+
+    # -- a model_dir on a bucket (issue 45) ---------------------------------------------------
+    Mutation(
+        name="bucket_marker_uploaded_with_the_step_files",
+        plants="a step's commit marker goes into the bucket among its files (orbax's own "
+               "commit_success.txt, uploaded in os.walk order), not after them: a kill "
+               "mid-upload leaves a step that counts without its files",
+        file="trainer/state/mirror.py",
+        old="    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))\n",
+        new="    self.push_tree(step_dir)\n",
+        slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
+               "cnn-1-s3]",)),
+    Mutation(
+        name="bucket_pull_ignores_the_marker",
+        plants="staging a bucket model_dir takes every step it holds, a step without its "
+               "commit marker (an upload cut short) included",
+        file="trainer/state/mirror.py",
+        old="      committed = {step for step, names in files.items()\n"
+            "                   if f\"{directory}/{step}/{COMMIT_MARKER}\" in names}\n",
+        new="      committed = set(files)\n",
+        slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
+               "cnn-1-s3]",)),
 ]

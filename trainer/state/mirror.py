@@ -168,11 +168,13 @@ class Mirror:
     if self.lease is not None:
       self.lease.check()
 
-  def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
-    """Every file under `directory`, _UPLOADS at a time (a step has ~20 files: one by one,
-    a request's latency each); those named in `last` once all the others are there."""
+  def push_tree(self, directory: str, last: tuple[str, ...] = (),
+                skip: tuple[str, ...] = ()) -> None:
+    """Every file under `directory` but the paths in `skip`, _UPLOADS at a time (a step
+    has ~20 files: one by one, a request's latency each); those named in `last` once all
+    the others are there."""
     files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
-             for name in names]
+             for name in names if os.path.join(parent, name) not in skip]
     first = [path for path in files if os.path.basename(path) not in last]
     with concurrent.futures.ThreadPoolExecutor(_UPLOADS) as pool:
       for done in [pool.submit(self.push_file, path) for path in first]:
@@ -186,7 +188,8 @@ class Mirror:
     staging directory: its files, the logs, then its commit marker; then the steps
     retention removed here are removed in the bucket (marker first)."""
     step_dir = os.path.join(directory, str(step))
-    self.push_tree(step_dir)
+    # orbax writes its own marker there too: put it now and the step counts before its files
+    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))
     self.push_logs()
     self._still_the_writer()  # another trainer took model_dir over: commit nothing more
     self.bucket.write(self.key(os.path.join(step_dir, COMMIT_MARKER)),
