@@ -153,10 +153,12 @@ class Mirror:
   def remove(self, path: str) -> None:
     self.bucket.delete(self.key(path))
 
-  def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
-    """Every file under `directory`; those named in `last` after all the others."""
+  def push_tree(self, directory: str, last: tuple[str, ...] = (),
+                but: tuple[str, ...] = ()) -> None:
+    """Every file under `directory` but the paths in `but`; those named in `last` after
+    all the others."""
     files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
-             for name in names]
+             for name in names if os.path.join(parent, name) not in but]
     for path in sorted(files, key=lambda p: os.path.basename(p) in last):
       self.push_file(path)
 
@@ -165,7 +167,10 @@ class Mirror:
     staging directory: its files, the logs, then its commit marker; then the steps
     retention removed here are removed in the bucket (marker first)."""
     step_dir = os.path.join(directory, str(step))
-    self.push_tree(step_dir)
+    # orbax writes the step's own commit_success.txt in the staging directory too: put
+    # in the bucket with the tree, a kill in the middle of the upload left a step that
+    # looked committed with half its files.
+    self.push_tree(step_dir, but=(os.path.join(step_dir, COMMIT_MARKER),))
     self.push_logs()
     if self.lease is not None:
       self.lease.check()  # another trainer took model_dir over: commit nothing more
@@ -211,6 +216,20 @@ class Mirror:
           data = data[:data.rfind(b"\n") + 1]
         self.bucket.write(self.key(path), data)
         self._pushed_logs[path] = signature
+
+  def pull_logs(self, directory: str) -> None:
+    """The event files directly under `directory` (tensorboard/train, say) that the
+    bucket holds and the staging directory has not: downloaded, and counted as put in
+    the bucket as they are (a resumed run drops the events past its step from them)."""
+    with self._log_lock:
+      under = os.path.relpath(directory, self.local).replace(os.sep, "/")
+      for key in self._keys(under):
+        path = self._path(key)
+        if os.path.dirname(path) != os.path.abspath(directory) or path in self._pushed_logs:
+          continue
+        self._download(key[len(self.prefix) + 1:] if self.prefix else key, path)
+        info = os.stat(path)
+        self._pushed_logs[path] = (info.st_size, info.st_mtime_ns)
 
   def remove_everything(self) -> None:
     """A refused run on a path that held nothing: what it put there goes (the lease
