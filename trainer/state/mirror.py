@@ -17,7 +17,9 @@ what is in the bucket always a model_dir that can be resumed:
   metrics.csv, TensorBoard's event files
                      whole objects, at each checkpoint and at the end; a resumed run
                      drops the rows past its step (metrics_log.restart_at) and writes
-                     the file whole again: no row lost or doubled
+                     the file whole again, and drops the events past it from the event
+                     files (summaries.restart_at: fetched, rewritten, put back whole): no
+                     row or event lost or doubled
 
 On start-up the committed steps, the JSON files and metrics.csv are copied down
 (`staged`); a reader that polls (continuous_eval, the evaluator) calls `refresh`.
