@@ -146,11 +146,15 @@ def test_sigkill_five_times_some_inside_uploads_then_finish(object_store, refere
   seed = random.randrange(1 << 30)
   rng = random.Random(seed)
   said = f"(seed {seed})"
+  print(f"kill moments drawn with seed {seed}")  # shown with a failure
   verified: set[int] = set()
   left_uncommitted = 0
   latest = None  # the newest committed step: where the next run must resume
+  # A killed trainer leaves its staging directory (tempfile's): here, not in /tmp.
+  os.makedirs(tmp_path / "staging")
+  env = {**store.env, "TMPDIR": str(tmp_path / "staging")}
   for kill in range(5):
-    process = TrainerProcess(url, *_FLAGS, env=store.env)
+    process = TrainerProcess(url, *_FLAGS, env=env)
     try:
       started = process.wait_for(r"Training .* from step (\d+) to", timeout=120)
       assert int(started.group(1)) == (latest or 0), f"{said}\n{process.output[-3000:]}"
