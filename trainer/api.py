@@ -40,7 +40,7 @@ from trainer.task import epochs
 from trainer.task import module_names
 from trainer.task import plugins
 from trainer.task import validation
-from trainer.errors import Preempted, UserCodeError, UserError
+from trainer.errors import Preempted, StorageError, UserCodeError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 
@@ -292,7 +292,7 @@ def _writer(model_dir: str, config):
   from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (imports orbax)
   lock = writer_lock.WriterLock.acquire(model_dir,
                                         lease_seconds=config.checkpoint.lease_seconds)
-  refused = False
+  refused = failing = False
   try:
     with preemption.undone_on_forced_exit(lambda: lock.release(refused=True)):
       layout.check_writable(model_dir)
@@ -307,13 +307,20 @@ def _writer(model_dir: str, config):
           bucket.forget_steps(directory)
       yield lock
   except Exception as e:  # pylint: disable=broad-except  (re-raised)
+    failing = True
     refused = is_bad_input(e) and not layout.holds_results(model_dir)
     raise
   except Preempted as e:  # stopped before training: leave model_dir as a refusal does
+    failing = True
     refused = e.step is None and not layout.holds_results(model_dir)
     raise
   finally:
-    lock.release(refused=refused)
+    try:
+      lock.release(refused=refused)
+    except StorageError as e:  # a bucket still down: the error the run ends with is the one
+      if not failing:
+        raise
+      logging.warning("%s", e)
 
 
 def is_bad_input(error: BaseException) -> bool:

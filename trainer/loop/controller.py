@@ -264,6 +264,7 @@ class Trainer:
       self.train_state.record_run()  # run_id.json: the run the steps saved from now name
       layout.clear_finished(self.model_dir)  # training again: not finished until it ends
     self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
+    self.summaries.restart_at(position.step)
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and _looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
@@ -581,6 +582,10 @@ class Trainer:
     """Starts an async checkpoint of `position` (once per step); refuses non-finite state.
     Training is blocked for the previous save still in flight, the host copy and the hand-off."""
     start = time.perf_counter()
+    # The steps' TensorBoard events up to here in their files before the step can count
+    # (a bucket's commit puts them in the bucket): kept in memory, a kill lost them, and
+    # the run resumed from this step never logs them again.
+    self.summaries.flush()
     if not self.train_state.save(position):
       return
     blocked = time.perf_counter() - start
@@ -699,6 +704,7 @@ class Trainer:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
     self._rollbacks += 1
     self.metrics_log.restart_at(restored.step)
+    self.summaries.restart_at(restored.step)
     logging.warning("%s %s: rolled back to step %d and skipped the data up to example %d "
                     "(rollback %d of %d)", what, where, restored.step, reached.examples,
                     self._rollbacks, self.config.train.max_rollbacks)

@@ -23,6 +23,7 @@ import time
 from absl import logging
 import numpy as np
 import tensorflow as tf
+from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.compat.proto import tensor_pb2
 from tensorboard.compat.proto import tensor_shape_pb2
@@ -31,6 +32,7 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from trainer.errors import StorageError
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import storage
 
@@ -86,6 +88,34 @@ class Summaries:
         writer.close()
       except (tf.errors.OpError, OSError):
         pass
+
+  def restart_at(self, step: int) -> None:
+    """TensorBoard shows each step once: the events past `step` (the step restored) that
+    a killed or rolled back run logged are dropped from the event files under
+    tensorboard/{train,eval}, as metrics_log.restart_at drops its rows; the steps
+    trained again are then logged once, in this run's own file. Only a file holding
+    events past `step` is rewritten (same name). On a bucket model_dir the event files
+    are fetched first, and the rewritten ones put back whole."""
+    if not self._enabled:
+      return
+    self._kept = {split: [row for row in rows if row[0] <= step]
+                  for split, rows in self._kept.items()}
+    if self._writers:  # a rollback: the file being written is one to rewrite
+      self.flush()
+      self._drop_writers()
+      self._enabled = True
+    bucket = mirror.of(self.root)
+    rewritten = False
+    for split in ("train", "eval"):
+      directory = os.path.join(self.root, split)
+      with self._storage_failures(split):
+        if bucket is not None:
+          bucket.pull_logs(directory)
+        for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+          if name.startswith("events.out.tfevents."):
+            rewritten |= _drop_events_past(os.path.join(directory, name), step)
+    if rewritten and bucket is not None:
+      bucket.push_logs()
 
   def scalars(self, split: str, step: int, values: dict) -> None:
     """Keeps this step's scalars; writes what is kept once a second at most."""
@@ -193,6 +223,33 @@ class Summaries:
       if not quiet:
         raise
       logging.warning("%s", e)
+
+
+def _drop_events_past(path: str, step: int) -> bool:
+  """Rewrites the event file `path` without its events past `step` (and a record cut
+  short at its end: a killed writer's), if it has any; whether it did. A TFRecord is
+  `length (8 bytes), its CRC (4), data, the data's CRC (4)`: the records kept are
+  copied as they are."""
+  with open(path, "rb") as f:
+    data = f.read()
+  kept, at, past = [], 0, False
+  while at + 12 <= len(data):
+    length = struct.unpack("<Q", data[at:at + 8])[0]
+    end = at + 12 + length + 4
+    if end > len(data):
+      break
+    if event_pb2.Event.FromString(data[at + 12:end - 4]).step > step:
+      past = True
+    else:
+      kept.append(data[at:end])
+    at = end
+  if not past:
+    return False
+  temporary = os.path.join(os.path.dirname(path), ".restarting")  # no reader takes it for events
+  with open(temporary, "wb") as f:
+    f.write(b"".join(kept))
+  os.replace(temporary, path)
+  return True
 
 
 def _scalars_event(values: dict) -> bytes:

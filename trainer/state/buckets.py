@@ -28,7 +28,12 @@ SCHEMES = ("gs", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)/?(.*)$")
 _EXTRA = {"gs": "gcs", "s3": "s3"}
 _LIBRARY = {"gs": "google-cloud-storage", "s3": "boto3"}
-_RETRY_SECONDS = 120.0  # how long a transient fault is retried before the run stops
+# How long a transient fault is retried before the run stops (GCS), and how many times a
+# request is retried after its first try (S3, botocore's standard retries: about two
+# minutes of backoff). The environment variables are for tests only (a store down past
+# the retries in seconds).
+_RETRY_SECONDS = float(os.environ.get("DISTLOOP_BUCKET_RETRY_SECONDS", "120"))
+_RETRIES = int(os.environ.get("DISTLOOP_BUCKET_RETRIES", "12"))
 
 
 class BucketError(StorageError):
@@ -176,6 +181,10 @@ class _GcsBucket(Bucket):
     reasons = {404: "no such bucket", 403: "access denied (403)", 401: "not authenticated (401)"}
     permanent = code in (400, 401, 403, 404)
     reason = reasons.get(code) or _first_line(error)
+    if isinstance(error, self._exceptions.RetryError):  # the retries' time is up
+      unreachable = _unreachable(error.cause)
+      reason = (f"{'no answer' if unreachable else 'still failing'} after {_RETRY_SECONDS:g} "
+                f"s of retries ({unreachable or _first_line(error.cause or error)})")
     if code == 404 and key:  # an object's 404 is handled by the callers: a bucket's here
       reason = "no such bucket"
     return BucketError(f"cannot {doing} {self.url(key)}: {reason}", permanent=permanent)
@@ -278,9 +287,12 @@ class _S3Bucket(Bucket):
     self._errors = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
     self._client_error = botocore.exceptions.ClientError
     self._no_credentials = botocore.exceptions.NoCredentialsError
+    self._connection_errors = (botocore.exceptions.ConnectionError,
+                               botocore.exceptions.HTTPClientError)
     # botocore's standard retries: 429, 5xx and connection errors, with backoff.
     self._client = boto3.client("s3", config=config.Config(
-        retries={"mode": "standard", "max_attempts": 12}, connect_timeout=10, read_timeout=60))
+        retries={"mode": "standard", "max_attempts": _RETRIES}, connect_timeout=10,
+        read_timeout=60))
     self._transfer = transfer.TransferConfig(use_threads=False)
 
   def _failure(self, error: Exception, key: str, doing: str) -> BucketError:
@@ -298,8 +310,13 @@ class _S3Bucket(Bucket):
       return BucketError(f"cannot {doing} {self.url(key)}: access denied ({code or status})",
                          permanent=True)
     permanent = isinstance(status, int) and 400 <= status < 500 and status != 429
-    return BucketError(f"cannot {doing} {self.url(key)}: {code or _first_line(error)}",
-                       permanent=permanent)
+    reason = code or _first_line(error)
+    unreachable = (_unreachable(error) or "could not connect"
+                   if isinstance(error, self._connection_errors) else None)
+    if unreachable or status == 429 or (isinstance(status, int) and status >= 500):
+      reason = (f"{'no answer' if unreachable else 'still failing'} after {_RETRIES} "  # spent
+                f"retr{'y' if _RETRIES == 1 else 'ies'} ({unreachable or reason})")
+    return BucketError(f"cannot {doing} {self.url(key)}: {reason}", permanent=permanent)
 
   def _code(self, error) -> str:
     return (getattr(error, "response", None) or {}).get("Error", {}).get("Code", "")
@@ -380,6 +397,22 @@ class _S3Bucket(Bucket):
       self._client.download_file(self.name, key, path, Config=self._transfer)
     except self._errors as e:
       raise self._failure(e, key, "read") from None
+
+
+def _unreachable(error: BaseException | None) -> str | None:
+  """Why a connection failed, in a few words ('Connection refused'), or None if it did
+  not: the libraries' own text holds a connection pool's repr and the whole URL."""
+  text = str(error or "")
+  found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+  if found:
+    return found.group(1).strip()
+  if "Could not connect to the endpoint URL" in text:  # botocore's EndpointConnectionError
+    return "could not connect"
+  if "Connection aborted" in text or "Connection reset" in text:
+    return "connection reset"
+  if "timed out" in text:
+    return "timed out"
+  return None
 
 
 def _first_line(error: BaseException) -> str:

@@ -67,8 +67,8 @@ class BucketLease:
     while True:
       version = mirror.bucket.create(key, data)
       if version is not None or _ours(mirror.bucket, key, token):
-        return cls(mirror, version or mirror.bucket.read_versioned(key)[1], record,
-                   lease_seconds)
+        return cls._held(mirror, version or mirror.bucket.read_versioned(key)[1], record,
+                         lease_seconds, restage=watched is not None)
       found = mirror.bucket.read_versioned(key)
       if found is None:
         continue  # released meanwhile: create it again
@@ -89,7 +89,7 @@ class BucketLease:
           logging.warning("Took over the writer lease %s of %s: not renewed for %.0f s "
                           "(checkpoint.lease_seconds=%g), the holder is gone", url,
                           _describe(holder), idle, seconds)
-          return cls(mirror, taken, record, lease_seconds)
+          return cls._held(mirror, taken, record, lease_seconds, restage=True)
         watched = (None, time.monotonic())  # another took it first: watch the new holder
         continue
       if not said_waiting:
@@ -98,6 +98,24 @@ class BucketLease:
                      mirror.url, _describe(holder), max(clock() - modified, 0), seconds - idle)
         said_waiting = True
       sleep(min(max(seconds / 8, 0.2), seconds - idle))
+
+  @classmethod
+  def _held(cls, mirror, version: str, record: dict, lease_seconds: float, *,
+            restage: bool) -> "BucketLease":
+    """The lease just taken. `restage`: another trainer held it since this run staged the
+    bucket (it released it, or died), so what it committed meanwhile is staged now: from
+    the earlier copy this run would resume from an older step, and its first commit
+    would remove the newer ones from the bucket as steps retention dropped."""
+    if restage:
+      try:
+        mirror.pull()
+      except BaseException:
+        try:
+          mirror.bucket.delete(mirror.key(os.path.join(mirror.local, LOCK_NAME)), version)
+        except buckets.BucketError:
+          pass  # it expires
+        raise
+    return cls(mirror, version, record, lease_seconds)
 
   def _renew_until_released(self) -> None:
     interval = max(self._seconds / 4, 0.1)

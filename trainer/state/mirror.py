@@ -17,7 +17,9 @@ what is in the bucket always a model_dir that can be resumed:
   metrics.csv, TensorBoard's event files
                      whole objects, at each checkpoint and at the end; a resumed run
                      drops the rows past its step (metrics_log.restart_at) and writes
-                     the file whole again: no row lost or doubled
+                     the file whole again, and drops the events past it from the event
+                     files (summaries.restart_at: fetched, rewritten, put back whole): no
+                     row or event lost or doubled
 
 On start-up the committed steps, the JSON files and metrics.csv are copied down
 (`staged`); a reader that polls (continuous_eval, the evaluator) calls `refresh`.
@@ -237,6 +239,20 @@ class Mirror:
           data = data[:data.rfind(b"\n") + 1]
         self.bucket.write(self.key(path), data)
         self._pushed_logs[path] = signature
+
+  def pull_logs(self, directory: str) -> None:
+    """The event files directly under `directory` (tensorboard/train, say) that the
+    bucket holds and the staging directory has not: downloaded, and counted as put in
+    the bucket as they are (a resumed run drops the events past its step from them)."""
+    with self._log_lock:
+      under = os.path.relpath(directory, self.local).replace(os.sep, "/")
+      for key in self._keys(under):
+        path = self._path(key)
+        if os.path.dirname(path) != os.path.abspath(directory) or path in self._pushed_logs:
+          continue
+        self._download(key[len(self.prefix) + 1:] if self.prefix else key, path)
+        info = os.stat(path)
+        self._pushed_logs[path] = (info.st_size, info.st_mtime_ns)
 
   def remove_everything(self) -> None:
     """A refused run on a path that held nothing: what it put there goes (the lease
