@@ -146,17 +146,27 @@ class Mirror:
     os.replace(path + ".download", path)
 
   # Writing: the staging directory -> the bucket.
+  def _still_the_writer(self) -> None:
+    """StorageError once the writer lease is lost (taken over, or not renewed for
+    lease_seconds): a writer that lost it writes and deletes nothing more."""
+    if self.lease is not None:
+      self.lease.check()
+
   def push_file(self, path: str) -> None:
     """One file as one object (a reader sees the old one or the new one)."""
+    self._still_the_writer()
     self.bucket.upload(self.key(path), path)
 
   def remove(self, path: str) -> None:
+    self._still_the_writer()
     self.bucket.delete(self.key(path))
 
-  def push_tree(self, directory: str, last: tuple[str, ...] = ()) -> None:
-    """Every file under `directory`; those named in `last` after all the others."""
+  def push_tree(self, directory: str, last: tuple[str, ...] = (),
+                skip: tuple[str, ...] = ()) -> None:
+    """Every file under `directory` but the paths in `skip`; those named in `last` after
+    all the others."""
     files = [os.path.join(parent, name) for parent, _, names in os.walk(directory)
-             for name in names]
+             for name in names if os.path.join(parent, name) not in skip]
     for path in sorted(files, key=lambda p: os.path.basename(p) in last):
       self.push_file(path)
 
@@ -165,10 +175,11 @@ class Mirror:
     staging directory: its files, the logs, then its commit marker; then the steps
     retention removed here are removed in the bucket (marker first)."""
     step_dir = os.path.join(directory, str(step))
-    self.push_tree(step_dir)
+    # orbax wrote its own commit_success.txt in the step (os.walk lists it first): put in
+    # the bucket before the step's files, a step cut short by a kill looked committed.
+    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))
     self.push_logs()
-    if self.lease is not None:
-      self.lease.check()  # another trainer took model_dir over: commit nothing more
+    self._still_the_writer()  # another trainer took model_dir over: commit nothing more
     self.bucket.write(self.key(os.path.join(step_dir, COMMIT_MARKER)),
                       f"committed step {step} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                       .encode())
@@ -178,6 +189,7 @@ class Mirror:
     """Removes from the bucket the steps of `directory` that are not in the staging
     directory (retention, a step set aside, a save cut short): the marker first, so a
     deletion cut short leaves no step that looks committed."""
+    self._still_the_writer()  # the steps are another writer's now
     here = set(os.listdir(directory)) if os.path.isdir(directory) else set()
     steps: dict[str, list[str]] = {}
     for key in self._keys(os.path.basename(directory)):
@@ -192,6 +204,7 @@ class Mirror:
 
   def push_logs(self) -> None:
     """metrics.csv and the event files that changed since last put, each whole."""
+    self._still_the_writer()  # not over the logs of the trainer that took over
     with self._log_lock:
       paths = [os.path.join(self.local, name) for name in _LOGS]
       for name in _LOG_DIRECTORIES:
