@@ -27,6 +27,7 @@ lines and errors name the bucket's URL, never the staging path (`display`).
 Only the holder of the writer lease writes checkpoints and logs
 (trainer/state/lease.py); each worker of a multi-worker job stages its own copy.
 """
+import atexit
 import logging as std_logging
 import os
 import shutil
@@ -45,6 +46,7 @@ _LOG_DIRECTORIES = ("tensorboard",)
 _DOWNLOADING = ".orbax-checkpoint-tmp-download"  # a name orbax and distloop skip as unfinished
 _MIRRORS: dict[str, "Mirror"] = {}  # staging directory -> its mirror
 _LOCK = threading.Lock()
+_REMOVED_AT_EXIT: list = []  # remove_staging registered with atexit (once)
 
 
 class Mirror:
@@ -261,6 +263,9 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
       raise
     if not _MIRRORS:
       logging.get_absl_logger().addFilter(_UrlsShown())
+      if not _REMOVED_AT_EXIT:  # an exit other than the CLI's _leave (a refused flag)
+        atexit.register(remove_staging)
+        _REMOVED_AT_EXIT.append(True)
     _MIRRORS[local] = mirror
     logging.info("model_dir %s: staged in %s (a local cache of what the bucket holds)",
                  url, local)
