@@ -128,7 +128,7 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
   elif mode == "eval":
     print(layout.json_text(result, "the eval result"))
   elif mode == "export":
-    print(result)
+    print(mirror.display(result))  # a bucket's export by its URL, not the staging path
   return EXIT_OK
 
 

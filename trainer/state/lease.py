@@ -151,7 +151,9 @@ class BucketLease:
     self._stop.set()
     self._thread.join()
     self.mirror.lease = None
-    if self._lost is not None:
+    try:
+      self.check()  # lost (taken over, or not renewed for lease_seconds): the logs are not ours
+    except StorageError:
       return
     try:
       if refused and self.created_model_dir:

@@ -50,6 +50,7 @@ _DOWNLOADING = ".orbax-checkpoint-tmp-download"  # a name orbax and distloop ski
 _UPLOADS = 8  # files of a step put in the bucket at once
 _MIRRORS: dict[str, "Mirror"] = {}  # staging directory -> its mirror
 _LOCK = threading.Lock()
+_REMOVED_AT_EXIT: list = []  # remove_staging registered with atexit (once)
 
 
 class Mirror:
@@ -156,6 +157,12 @@ class Mirror:
     os.replace(path + ".download", path)
 
   # Writing: the staging directory -> the bucket.
+  def _still_the_writer(self) -> None:
+    """StorageError once the writer lease is lost (taken over, or not renewed for
+    lease_seconds): a writer that lost it writes and deletes nothing more."""
+    if self.lease is not None:
+      self.lease.check()
+
   def push_file(self, path: str) -> None:
     """One file as one object (a reader sees the old one or the new one)."""
     self._still_the_writer()
@@ -203,6 +210,7 @@ class Mirror:
     """Removes from the bucket the steps of `directory` that are not in the staging
     directory (retention, a step set aside, a save cut short): the marker first, so a
     deletion cut short leaves no step that looks committed."""
+    self._still_the_writer()  # the steps are another writer's now
     here = set(os.listdir(directory)) if os.path.isdir(directory) else set()
     steps: dict[str, list[str]] = {}
     for key in self._keys(os.path.basename(directory)):
@@ -221,7 +229,7 @@ class Mirror:
 
   def push_logs(self) -> None:
     """metrics.csv and the event files that changed since last put, each whole."""
-    self._still_the_writer()
+    self._still_the_writer()  # not over the logs of the trainer that took over
     with self._log_lock:
       paths = [os.path.join(self.local, name) for name in _LOGS]
       for name in _LOG_DIRECTORIES:
@@ -295,7 +303,9 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
       raise
     if not _MIRRORS:
       logging.get_absl_logger().addFilter(_UrlsShown())
-      atexit.register(remove_staging)  # trainer.run's (the CLI leaves through os._exit)
+      if not _REMOVED_AT_EXIT:  # an exit other than the CLI's _leave (a refused flag)
+        atexit.register(remove_staging)
+        _REMOVED_AT_EXIT.append(True)
     _MIRRORS[local] = mirror
     logging.info("model_dir %s: staged in %s (a local cache of what the bucket holds)",
                  url, local)
