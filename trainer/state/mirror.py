@@ -172,11 +172,6 @@ class Mirror:
     self._still_the_writer()
     self.bucket.delete(self.key(path))
 
-  def _still_the_writer(self) -> None:
-    """StorageError if this process held the writer lease and lost it: it writes no more."""
-    if self.lease is not None:
-      self.lease.check()
-
   def push_tree(self, directory: str, last: tuple[str, ...] = (),
                 skip: tuple[str, ...] = ()) -> None:
     """Every file under `directory` but the paths in `skip`, _UPLOADS at a time (a step
