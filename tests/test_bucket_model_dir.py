@@ -685,6 +685,28 @@ def test_a_denied_credential(object_store, tmp_path_factory):
   assert object_store.list(url) == []
 
 
+_SECRET = "distloop-test-secret-0f3a9c"
+
+
+def test_no_secret_is_printed_or_logged(s3_store, tmp_path_factory):
+  """A run, then a run denied (403), with a secret key of its own: neither prints nor
+  logs it. Catches a credential echoed in an error line (a client's repr, a signed URL)
+  or in the log's config dump."""
+  url = s3_store.new_url("run")
+  ran = _cli(s3_store, url, *_FLAGS, "--config.train.steps=2", tmp_path_factory=tmp_path_factory,
+             env={"AWS_SECRET_ACCESS_KEY": _SECRET})
+  _ok(ran)
+  s3_store.proxy.deny(403)
+  denied = _cli(s3_store, s3_store.new_url("run"), *_FLAGS, tmp_path_factory=tmp_path_factory,
+                env={"AWS_SECRET_ACCESS_KEY": _SECRET})
+  s3_store.proxy.passthrough()
+  _one_line_refusal(denied, "access denied")
+  for result in (ran, denied):
+    assert _SECRET not in result.stdout + result.stderr
+  assert all(_SECRET.encode() not in s3_store.read(f"{url}/{name}")
+             for name in s3_store.list(url))
+
+
 @pytest.mark.parametrize("url, says", [
     ("gs:///run", "names no bucket: gs://BUCKET/PATH"),
     ("gs://", "names no bucket: gs://BUCKET/PATH"),
