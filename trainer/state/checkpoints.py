@@ -104,6 +104,7 @@ class Checkpoints:
                keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max",
                mismatch_advice: str = "use another --model_dir"):
     self.directory = os.path.abspath(directory)
+    self._bucket = mirror.of(self.directory)  # a bucket model_dir's staging: written back
     self._mismatch_advice = mismatch_advice  # what a refusal of another model's step says to do
     self._writer = writer
     self._best_metric = best_metric
@@ -146,9 +147,8 @@ class Checkpoints:
     """Re-reads the committed steps from disk: orbax caches its list, so a reader of
     a live job's checkpoints (continuous_eval) calls this to see new and deleted steps
     (on a bucket, staged anew first)."""
-    bucket = mirror.of(self.directory)
-    if bucket is not None and not self._writer:
-      bucket.refresh()
+    if self._bucket is not None and not self._writer:
+      self._bucket.refresh()
     self._settled().reload()
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
@@ -180,12 +180,11 @@ class Checkpoints:
         model=ocp.args.StandardSave(model_tree),
         optimizer=ocp.args.StandardSave(optimizer_tree),
         meta=ocp.args.JsonSave(meta)))
-    bucket = mirror.of(self.directory)
-    if bucket is not None:  # in the bucket: its files, then its commit marker
+    if self._bucket is not None:  # in the bucket: its files, then its commit marker
       if saved:
-        bucket.commit_step(self.directory, step)
+        self._bucket.commit_step(self.directory, step)
       else:
-        bucket.forget_steps(self.directory)
+        self._bucket.forget_steps(self.directory)
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
               *, advice: str | None = None, ours: str = "this config", who: str = ""):
@@ -223,9 +222,9 @@ class Checkpoints:
   def _read_failures(self, step: int):
     """Permission / I/O errors -> StorageError; anything else unreadable -> CorruptCheckpoint."""
     try:
-      bucket = mirror.of(self.directory)
-      if bucket is not None and not os.path.isdir(os.path.join(self.directory, str(step))):
-        bucket.refresh()  # saved since it was staged (a worker rolling back to it)
+      if (self._bucket is not None
+          and not os.path.isdir(os.path.join(self.directory, str(step)))):
+        self._bucket.refresh()  # saved since it was staged (a worker rolling back to it)
         self._settled().reload()
       _open_every_file(os.path.join(self.directory, str(step)))
       yield
@@ -248,10 +247,9 @@ class Checkpoints:
     self._settled()
     shutil.move(os.path.join(self.directory, str(step)), destination)
     self._manager.reload()
-    bucket = mirror.of(self.directory)
-    if bucket is not None:  # kept in the bucket too, then the step is no longer one
-      bucket.push_tree(destination)
-      bucket.forget_steps(self.directory)
+    if self._bucket is not None:  # kept in the bucket too, then the step is no longer one
+      self._bucket.push_tree(destination)
+      self._bucket.forget_steps(self.directory)
     return destination
 
   def wait(self) -> None:
