@@ -179,21 +179,3 @@ def assert_same_state(actual: dict, expected: dict, atol: float) -> None:
   assert actual.keys() == expected.keys()
   for key in expected:
     np.testing.assert_allclose(actual[key], expected[key], atol=atol, rtol=0, err_msg=key)
-
-
-def sigterm_then_resume(tmp_path, flags: list, signal_at: int, steps: int = 200) -> tuple:
-  """Trains `flags` uninterrupted into tmp_path/uninterrupted, and into tmp_path/stopped with
-  a SIGTERM once step `signal_at` is logged (exit 42) and a resume; returns the two runs'
-  final checkpoints (uninterrupted, resumed). Fails the test if the stop or the resume is
-  not as distloop promises (42, a step between signal_at and the end saved and restored)."""
-  from tests.cli import run_trainer, train_ok  # pylint: disable=g-import-not-at-top
-  train_ok(tmp_path / "uninterrupted", *flags)
-  process = TrainerProcess(tmp_path / "stopped", *flags)
-  assert process.stop_at(rf"step {signal_at}/{steps}") == 42, process.output[-3000:]
-  stopped_at = int(re.search(r"preempted at step (\d+)", process.output).group(1))
-  assert signal_at <= stopped_at < steps, stopped_at
-  resumed = run_trainer(tmp_path / "stopped", *flags)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"Restored checkpoint at step {stopped_at}" in resumed.stderr
-  return (checkpoint_arrays(tmp_path / "uninterrupted", steps),
-          checkpoint_arrays(tmp_path / "stopped", steps))

@@ -532,14 +532,14 @@ def _expired_lease(store, url: str, lease_seconds: float = 1.0) -> None:
 
 
 def test_two_simultaneous_takeovers_of_an_expired_lease_one_wins(in_process, tmp_path):
-  """Two trainers released at the same moment on an expired lease, 8 rounds: each time
+  """Two trainers released at the same moment on an expired lease, 4 rounds: each time
   exactly one holds it and the other is refused naming it (one compare-and-swap of the
   same version succeeds). Catches a takeover by a plain write (both win)."""
   from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
   from trainer.state.lease import BucketLease  # pylint: disable=import-outside-toplevel
   url = in_process.new_url("run")
   mirrors = [_mirror(url, tmp_path / f"trainer{i}") for i in range(2)]
-  for round_ in range(8):
+  for round_ in range(4):
     # A dead holder's lease of 0.2 s, expired by the store's clock too (S3's is in whole
     # seconds). The contenders' own leases last 3 s: whichever loses the swap, or reads
     # the winner's lease first, sees it renewed (every 0.75 s) before it could expire.

@@ -18,7 +18,7 @@ from trainer.task import names
 from trainer.task import optimizers
 from trainer.task import validation
 from tests.cli import run_trainer, train_ok
-from tests.processes import assert_same_state, checkpoint_arrays, sigterm_then_resume
+from tests.processes import assert_same_state, checkpoint_arrays
 
 
 def _train_config(**fields) -> ml_collections.ConfigDict:
@@ -338,22 +338,3 @@ def test_the_moving_average_is_evaluated_and_exported_and_training_goes_on_from_
   loss = lambda result: float(result.stderr.split("eval at step 20 | loss ")[1].split()[0])
   assert loss(averaged_eval) == pytest.approx(summary["eval_loss"], abs=1e-4)
   assert abs(loss(raw_eval) - loss(averaged_eval)) > 1e-3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_sigterm_then_resume_equals_the_uninterrupted_run_moving_average_included(
-    tmp_path, replicas):
-  """train.ema_decay: SIGTERM mid-run -> exit 42 -> resume ends where an uninterrupted run
-  does, the average included, on 1 and 2 replicas. Catches: the average left out of the
-  checkpoint (it would restart from the weights), an eval or export that leaves the
-  average in place of the weights (training would go on from it: eval runs mid-run)."""
-  flags = ["--config=synthetic", "--config.model.name=mlp", "--config.train.steps=200",
-           "--config.train.steps_per_loop=5", "--config.checkpoint.interval=100",
-           "--mode=train_and_eval", "--config.eval.interval=20",
-           "--config.data.num_train_examples=1024", "--config.train.ema_decay=0.95",
-           "--config.runtime.strategy=mirrored", f"--config.runtime.num_cpu_devices={replicas}",
-           "--config.runtime.deterministic=true"]
-  expected, resumed = sigterm_then_resume(tmp_path, flags, signal_at=45)
-  assert sum(key.endswith("_average") for key in expected) == 4
-  assert_same_state(resumed, expected, atol=1e-6)

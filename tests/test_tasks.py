@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.cli import REPO, run_trainer, train_ok, user_environment
-from tests.processes import assert_same_state, checkpoint_arrays, sigterm_then_resume
+from tests.processes import assert_same_state, checkpoint_arrays
 
 _GAN = os.path.join(REPO, "examples", "gan.py")
 _DISTILL = os.path.join(REPO, "examples", "distillation.py")
@@ -53,15 +53,6 @@ def test_gan_weights_agree_on_1_2_3_replicas_with_plain_sgd(tmp_path):
   assert_same_state(arrays[2], arrays[1], atol=1e-6)
   assert_same_state(arrays[3], arrays[1], atol=1e-6)
   assert moved.keys() == keys
-
-
-@pytest.mark.slow
-def test_gan_sigterm_then_resume_equals_the_uninterrupted_run(tmp_path):
-  gan = _outside(tmp_path, _GAN)
-  flags = _gan_flags(gan, 2, "--config.train.steps=200", "--config.train.steps_per_loop=5",
-                     "--config.checkpoint.interval=100")
-  expected, resumed = sigterm_then_resume(tmp_path, flags, signal_at=35)
-  assert_same_state(resumed, expected, atol=1e-6)
 
 
 def test_gan_from_a_folder_outside_the_repo_covers_both_modes(tmp_path):
