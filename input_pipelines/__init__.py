@@ -1,7 +1,7 @@
 """Input pipeline registry: `config.data.name` -> `(train, eval)` sources.
 
 A built-in name maps to a builder here (`BUILTINS`); `MODULE:FUNCTION`, the
-user's own, is resolved and called by trainer/task/plugins.py (this package imports
+user's own, is resolved and called by trainer/setup/plugins.py (this package imports
 nothing from trainer/). Every builder has the plug-in signature
 `FUNCTION(data_config, seed) -> (train, eval)`, each split one of the forms
 input_pipelines/sources.py accepts (numpy arrays, a random-access source, or a

@@ -219,7 +219,7 @@ def _npz_table(path: str, options: Options) -> Input:
   from input_pipelines import table  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"dir": path, "label_column": options.label,
                                       "eval_fraction": options.eval_fraction})
-  (train_path, train), (eval_path, evaluation) = table._load(  # pylint: disable=protected-access
+  (train_path, train), (eval_path, evaluation) = table.load_files(
       config, options.seed, names=option_names.CONVERTER)
   num_features = train[0].shape[1]
   spec = features_lib.check({"features": {"encoding": "float", "shape": [num_features]},

@@ -1,7 +1,7 @@
 """The three forms a data builder may return for a split, checked and wrapped.
 
 1. `(features, labels)` numpy arrays: features an array or a dict of arrays,
-   labels an array or (a multi-output model: trainer/task/heads.py) a dict of
+   labels an array or (a multi-output model: trainer/setup/heads.py) a dict of
    arrays keyed by output name, axis 0 = examples  -> `ArraySource` (held in
    memory, gathered per batch);
 2. a random-access source: any object with `__len__()` and

@@ -44,7 +44,7 @@ def build_tabular(data_config: ml_collections.ConfigDict, seed: int) -> tuple[Sp
   if not data_config.dir:
     return _synthetic(data_config, seed, _classification_rule)
   check = functools.partial(_check_binary, label_column=data_config.label_column)
-  train, test = _load(data_config, seed, check)
+  train, test = load_files(data_config, seed, check)
   return train[1], test[1]
 
 
@@ -52,7 +52,7 @@ def build_regression(data_config: ml_collections.ConfigDict, seed: int) -> tuple
   """Regression: float32 features [N, F], float32 targets [N]."""
   if not data_config.dir:
     return _synthetic(data_config, seed, _regression_rule)
-  train, test = _load(data_config, seed)
+  train, test = load_files(data_config, seed)
   return train[1], test[1]
 
 
@@ -109,7 +109,7 @@ def _regression_rule(rng: np.random.Generator, num_features: int):
 
 # Files -------------------------------------------------------------------------------------
 
-def _load(data_config, seed: int, check=None, names=option_names.CONFIG):
+def load_files(data_config, seed: int, check=None, names=option_names.CONFIG):
   """((train_path, (features, labels)), (eval_path, (features, labels))) from data.dir;
   `check(path, labels)` sees each file's labels before any hold-out; messages name the
   options as `names` spells them."""

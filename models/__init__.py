@@ -1,7 +1,7 @@
 """Model registry: `config.model.name` -> a builder `(model_config, input_spec) -> keras.Model`.
 
 A built-in name maps to the `build` of models/<name>.py (`BUILTINS`);
-`MODULE:FUNCTION`, the user's own builder, is resolved by trainer/task/plugins.py
+`MODULE:FUNCTION`, the user's own builder, is resolved by trainer/setup/plugins.py
 (this package imports nothing from trainer/). `input_spec` is the features'
 `tf.TensorSpec` (or a dict of them) with batch dimension None, as the input
 pipeline delivers them. A model maps features to outputs (logits for the

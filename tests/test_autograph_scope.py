@@ -12,7 +12,7 @@ import configs
 import trainer
 
 # distloop's modules whose functions run inside every step: never converted.
-_STEP_MACHINERY = ("trainer.task.contexts", "trainer.task.optimizers", "trainer.task.supervised",
+_STEP_MACHINERY = ("trainer.task.contexts", "trainer.task.optimizers", "trainer.supervised.task",
                    "trainer.task.sparse_gradients", "trainer.cluster", "input_pipelines")
 
 

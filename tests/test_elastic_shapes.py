@@ -35,6 +35,7 @@ from tests.cli import FASHION_MNIST_DIR, REPO, run_trainer, train_ok, user_envir
 from tests.processes import TrainerProcess, loopback_only, needs_loopback, read_checkpoint
 from trainer.errors import UserError
 from trainer.state import elastic
+from trainer.state import replica_dependence
 from trainer.task import randomness
 
 _MIRRORED = "--config.runtime.strategy=mirrored"
@@ -473,19 +474,19 @@ def test_shape_dependent_draws_names_a_generator_and_not_a_dropout_drawn_per_exa
     return tf.function(step).get_concrete_function(
         tf.TensorSpec([4, 6])).graph.as_graph_def()
 
-  assert randomness.shape_dependent_draws(trace(lambda x: dropout(x, training=True))) == []
-  found = randomness.shape_dependent_draws(
+  assert replica_dependence.shape_dependent_draws(trace(lambda x: dropout(x, training=True))) == []
+  found = replica_dependence.shape_dependent_draws(
       trace(lambda x: dropout(x, training=True) + generator.normal(tf.shape(x))))
   assert found and all("stateful_normal/" in op for op in found), found
   assert any(op.startswith("RngReadAndSkip in ") for op in found), found
   # A stateless draw of your own is as per-example as its seed: not named by itself
   # (step.example_seeds' flips are per example); a Keras shuffle (MixUp's partners within
   # the replica's share) is named.
-  raw = randomness.shape_dependent_draws(
+  raw = replica_dependence.shape_dependent_draws(
       trace(lambda x: x + tf.random.stateless_uniform([4, 6], seed=[1, 2])))
   assert raw == [], raw
   partners = keras.random.SeedGenerator(1)
-  shuffled = randomness.shape_dependent_draws(
+  shuffled = replica_dependence.shape_dependent_draws(
       trace(lambda x: keras.random.shuffle(x, seed=partners)))
   assert shuffled and all(randomness.PER_REPLICA_SCOPE in op for op in shuffled), shuffled
 
@@ -521,9 +522,9 @@ def test_a_per_example_draw_in_another_layout_counts_as_per_replica(shape):
     return tf.function(step).get_concrete_function(
         tf.TensorSpec([4, 6])).graph.as_graph_def()
 
-  found = randomness.shape_dependent_draws(trace(shape))
+  found = replica_dependence.shape_dependent_draws(trace(shape))
   assert len(found) == 1 and found[0].startswith("StatelessRandomUniformV2 in "), found
-  assert randomness.shape_dependent_draws(trace([1, 6])) == []
+  assert replica_dependence.shape_dependent_draws(trace([1, 6])) == []
 
 
 def test_judge_refuses_randomness_drawn_per_replica_on_another_strategy_of_the_same_count():

@@ -152,7 +152,7 @@ def test_epochs_after_a_batch_size_change_train_the_weights_of_the_same_steps(
 def test_the_last_step_completes_the_epochs_and_says_how_far_past(tmp_path, caplog):
   """512 examples left at batch 96: 6 steps, the last ending 64 examples into the next
   epoch: said in the start-up line, not left to the reader."""
-  from trainer.task import epochs  # pylint: disable=g-import-not-at-top
+  from trainer.setup import epochs  # pylint: disable=g-import-not-at-top
 
   class Split:
     def __len__(self):

@@ -1,8 +1,10 @@
 """The arrows of the layout point one way: trainer/ uses input_pipelines/ and models/,
-never the reverse (DESIGN.md), so the data and model registries can be read, reused
-and tested without the loop."""
+never the reverse (docs/layout.md), so the data and model registries can be read, reused
+and tested without the loop; inside trainer/ each place imports only the places below it."""
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -28,16 +30,17 @@ def test_lower_packages_import_nothing_from_trainer(package):
 
 
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
-# else in one of five places, named for its job (docs/layout.md).
+# else in one of seven places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}
-_PLACES = ("cli", "loop", "state", "task", "cluster")
+_PLACES = ("cli", "loop", "supervised", "state", "task", "setup", "cluster")
 # Who may import whom inside trainer/: a place imports only the places after it in this
 # order (and itself); errors.py is everyone's. trainer/api.py stands over loop/ and
-# under cli/.
-_LAYERS = ("cli", "api", "loop", "task", "state", "cluster", "errors")
+# under cli/. The supervised Task is one Task among others: over the contract (task/) and
+# what is saved (state/); what a Task holds is keyed in state/, over the contract it walks.
+_LAYERS = ("cli", "api", "loop", "supervised", "state", "task", "setup", "cluster", "errors")
 
 
-def test_trainer_top_level_holds_only_the_api_and_five_places():
+def test_trainer_top_level_holds_only_the_api_and_its_places():
   entries = {path.name for path in (REPO / "trainer").iterdir()
              if path.name != "__pycache__"}
   assert entries == _TOP_LEVEL | set(_PLACES)
@@ -69,11 +72,13 @@ def test_imports_inside_trainer_point_one_way():
 
 
 def test_built_in_names_are_listed_once():
-  """The start-up checks read trainer/task/names.py; the registries answer exactly those
+  """The start-up checks read trainer/setup/names.py; the registries answer exactly those
   names (a name added to one and not the other would pass the checks and fail later, or
   the reverse)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from trainer.task import losses, metrics, names, optimizers  # pylint: disable=g-import-not-at-top
+  from trainer.supervised import losses, metrics  # pylint: disable=g-import-not-at-top
+  from trainer.setup import names  # pylint: disable=g-import-not-at-top
+  from trainer.task import optimizers  # pylint: disable=g-import-not-at-top
 
   assert tuple(losses.BUILTINS) == names.LOSSES
   eval_config = ml_collections.ConfigDict({"metrics": ",".join(names.METRICS), "top_k": 2})
@@ -90,3 +95,36 @@ def test_built_in_names_are_listed_once():
   train.optimizer, train.lr_schedule = "sgd", "linear"
   with pytest.raises(ValueError):
     optimizers.learning_rate(train)
+
+
+def test_the_task_folder_holds_only_what_a_step_author_uses():
+  """trainer/task/ is the page a step author reads: the contract, what a step is handed
+  and what it calls; internals live where their job is (state/, setup/, supervised/)."""
+  modules = sorted(path.stem for path in (REPO / "trainer" / "task").glob("*.py"))
+  assert len(modules) <= 8, modules
+  assert set(modules) == {"__init__", "contract", "contexts", "optimizers", "loss_scale",
+                          "sparse_gradients", "randomness", "user_code"}, modules
+
+
+def test_the_supervised_task_is_built_on_the_public_contract_only():
+  """The built-in step imports from trainer/task/ only what a user's Task may: the
+  contract (Task, Export) and the contexts it is handed; never a private helper."""
+  public = {"trainer.task", "trainer.task.contract", "trainer.task.contexts"}
+  private = {f"trainer/supervised/{path.name}": sorted(
+                 name for name in _imported_modules(path)
+                 if name.startswith("trainer.task") and name not in public)
+             for path in sorted((REPO / "trainer" / "supervised").glob("*.py"))}
+  assert not {path: names for path, names in private.items() if names}
+
+
+def test_start_up_checks_and_plug_in_loading_import_no_tensorflow():
+  """trainer/setup/ runs before TensorFlow loads (a bad field fails in a fraction of a
+  second, docs/performance.md): importing every module of it loads no TensorFlow."""
+  modules = sorted(f"trainer.setup.{path.stem}" for path in (REPO / "trainer" / "setup").glob("*.py")
+                   if path.stem != "__init__")
+  code = (f"import sys\nimport {', '.join(modules)}\n"
+          "loaded = sorted(m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules)\n"
+          "print(loaded)\nsys.exit(1 if loaded else 0)")
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 0, result.stdout + result.stderr[-2000:]

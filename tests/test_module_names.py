@@ -76,7 +76,7 @@ def test_a_script_beside_a_models_py_gets_the_line_from_the_python_api(tmp_path)
 
 def test_a_plugin_importing_its_own_models_py_is_one_line(tmp_path):
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
-  from trainer.task import plugins  # pylint: disable=g-import-not-at-top
+  from trainer.setup import plugins  # pylint: disable=g-import-not-at-top
   (tmp_path / "models.py").write_text(_MODELS_PY)
   (tmp_path / "my_plugins.py").write_text("import models\nbuild = models.build\n")
   with pytest.raises(UserError) as raised:
@@ -88,7 +88,7 @@ def test_a_plugin_importing_its_own_models_py_is_one_line(tmp_path):
 
 
 def test_a_plugin_file_named_models_py_still_loads_under_a_name_of_its_own(tmp_path):
-  from trainer.task import plugins  # pylint: disable=g-import-not-at-top
+  from trainer.setup import plugins  # pylint: disable=g-import-not-at-top
   (tmp_path / "models.py").write_text(_MODELS_PY)
   build = plugins.resolve("model.name", f"{tmp_path / 'models.py'}:build")
   assert build.__module__ == "_distloop_plugin_models"

@@ -1,5 +1,5 @@
 """Multi-output models: a loss, weight and metrics per named output, dict labels, every
-output served by name (trainer/task/heads.py).
+output served by name (trainer/setup/heads.py).
 
 The model (tests/multi_output_plugins.py) has two heads on one hidden layer: `class`
 (3-class logits) and `value` (a regression). Targets were measured: 300 Adam steps
@@ -122,7 +122,7 @@ def test_per_output_fields_are_checked_before_anything_runs(field, value, says):
   """The config's own checks (no model yet, no TensorFlow): each names its field."""
   import configs  # pylint: disable=g-import-not-at-top
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
-  from trainer.task import validation  # pylint: disable=g-import-not-at-top
+  from trainer.setup import validation  # pylint: disable=g-import-not-at-top
   config = configs.get("synthetic")
   config.unlock()
   config.train.loss = "class=sparse_categorical_crossentropy,value=mean_squared_error"

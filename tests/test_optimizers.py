@@ -13,10 +13,10 @@ import tensorflow as tf
 import configs
 from configs import common
 from trainer.errors import UserError
-from trainer.task import keys
-from trainer.task import names
+from trainer.state import keys
+from trainer.setup import names
 from trainer.task import optimizers
-from trainer.task import validation
+from trainer.setup import validation
 from tests.cli import run_trainer, train_ok
 from tests.processes import assert_same_state, checkpoint_arrays
 

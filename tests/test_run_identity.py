@@ -120,7 +120,7 @@ def test_each_step_carries_the_identity_of_its_run(model_dir):
     identity = json.load(f)["identity"]
   assert identity["fixed"]["runtime.seed"] == 0 and identity["fixed"]["model.mlp_units"] == 8
   assert "train.steps" not in identity["fixed"]
-  assert identity["task"] == "trainer.task.supervised:SupervisedTask"
+  assert identity["task"] == "trainer.supervised.task:SupervisedTask"
   assert identity["structure"]["variables"] > 0
 
 

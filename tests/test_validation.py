@@ -6,7 +6,7 @@ import pytest
 
 import configs
 from configs import synthetic
-from trainer.task import validation
+from trainer.setup import validation
 from trainer.errors import UserError
 from tests.cli import run_trainer
 

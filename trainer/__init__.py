@@ -27,7 +27,7 @@ _API = {"Task": "trainer.task", "Export": "trainer.task", "BuildContext": "train
 def __getattr__(name):
   if name in _API:
     import importlib  # pylint: disable=g-import-not-at-top
-    from trainer.task import module_names  # pylint: disable=g-import-not-at-top
+    from trainer.setup import module_names  # pylint: disable=g-import-not-at-top
     shadowed = module_names.shadowing()  # a user's models.py would break it far away
     if shadowed:
       raise ImportError(shadowed)

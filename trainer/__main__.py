@@ -13,7 +13,7 @@ if __name__ == "__main__":
     errors.set_preempted_exit_code(errors.preempted_exit_code_in(sys.argv[1:]) or errors.EXIT_PREEMPTED)
   except errors.UserError:
     pass  # main.run() refuses it in one line
-  from trainer.task import module_names
+  from trainer.setup import module_names
   shadowed = module_names.shadowing()  # before distloop's own packages are imported
   if shadowed:
     print(f"distloop: error: {shadowed}", file=sys.stderr)

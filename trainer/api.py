@@ -36,10 +36,10 @@ from trainer.state import config_changes
 from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import writer_lock
-from trainer.task import epochs
-from trainer.task import module_names
-from trainer.task import plugins
-from trainer.task import validation
+from trainer.setup import epochs
+from trainer.setup import module_names
+from trainer.setup import plugins
+from trainer.setup import validation
 from trainer.errors import Preempted, StorageError, UserCodeError, UserError
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
@@ -59,7 +59,7 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
   """
   if mode not in MODES:
     raise UserError(f"mode={mode!r} is not one of {', '.join(MODES)}")
-  config = _as_config(config)
+  config = load_config(config)
   preemption.clear()  # a stop asked of an earlier run in this process is not this run's
   if logging.get_verbosity() < logging.INFO:  # visible by default; a caller's choice stays
     logging.set_verbosity(logging.INFO)
@@ -104,7 +104,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   """
   model_dir = mirror.staged(model_dir, fresh=False)  # gs://, s3://: its local staging
   with native_startup_silenced():  # a plug-in module may import TensorFlow
-    validation.check_config(config)
+    check_config(config)
   layout.check_layout(model_dir)
   if is_evaluator_task():
     mode = task_mode(mode)
@@ -249,7 +249,7 @@ def refuse_what_the_task_lacks(trainer, mode: str) -> None:
                     f"trainer.Export, docs/tasks.md)")
 
 
-def _as_config(config):
+def load_config(config):
   """A ConfigDict as given; a name or a path loaded as --config would load it."""
   if isinstance(config, str):
     from configs import files  # pylint: disable=g-import-not-at-top
@@ -380,15 +380,23 @@ def translate(error: BaseException) -> Exception | None:
   return None
 
 
+def check_config(config) -> None:
+  """UserError naming the first bad field of `config`, before anything runs or is
+  written: the fields' own checks (trainer/setup/validation.py, no TensorFlow; it imports
+  the plug-ins the config names), then checkpoint.init_from where it is read."""
+  validation.check_config(config)
+  layout.check_init_from(config.checkpoint)
+
+
 def task_fields(config, task):
   """(the run's Task, made now if it is given, or `task` as it is; the predicate of the
   fields of its own config sections that may change on resume, or None): a Task's
   `run_fixing_fields` is read before a resume's changes are checked."""
   if task is None and not config.train.task:
     return task, None  # the built-in step: distloop's own rules
-  from trainer import task as tasks  # pylint: disable=g-import-not-at-top
-  from trainer.task import run_fields  # pylint: disable=g-import-not-at-top
-  task = tasks.create(config, task)
+  from trainer.loop import assembly  # pylint: disable=g-import-not-at-top
+  from trainer.setup import run_fields  # pylint: disable=g-import-not-at-top
+  task = assembly.create_task(config, task)
   return task, run_fields.may_change(task, config.to_dict())
 
 

@@ -88,15 +88,15 @@ class Job:
                           "checkpoints: those are in model_dir); default: model_dir's parent")
     if os.getcwd() not in sys.path:  # plug-in modules as python -m trainer finds them
       sys.path.append(os.getcwd())
-    cli._parse_flags(list(argv))  # pylint: disable=protected-access  (its one-line refusals)
+    cli.parse_flags(list(argv))  # its one-line refusals
     values = flags.FLAGS
     from trainer.state import mirror  # pylint: disable=g-import-not-at-top
     try:  # a bucket's URL, not the staging copy the CLI's flags hold (each worker stages its own)
-      job = cls.of(cli._load_config(), mirror.display(values.model_dir), mode=values.mode,  # pylint: disable=protected-access
+      job = cls.of(cli.config_from_flags(), mirror.display(values.model_dir), mode=values.mode,
                    num_workers=values.num_workers, max_failures=values.max_failures,
                    storage_path=values.storage_path)
     except UserError as e:
-      cli._fail(2, e)  # pylint: disable=protected-access
+      cli.fail(2, e)
     return job
 
   @classmethod
@@ -110,16 +110,15 @@ class Job:
     from trainer.state import buckets  # pylint: disable=g-import-not-at-top
     from trainer.state import mirror  # pylint: disable=g-import-not-at-top
     from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
-    from trainer.task import validation  # pylint: disable=g-import-not-at-top
     if mode not in _MODES:
       raise UserError(f"--mode={mode}: a Ray job trains (train, train_and_eval); run eval, "
                       f"export and continuous_eval with python -m trainer")
-    config = _multi_worker(api._as_config(config))  # pylint: disable=protected-access
+    config = _multi_worker(api.load_config(config))
     layout.check_location(model_dir)
     if not buckets.is_url(model_dir):
       model_dir = os.path.abspath(model_dir)  # Ray's workers run in a directory of their own
     with native_startup_silenced():  # a plug-in module may import TensorFlow
-      validation.check_config(config)
+      api.check_config(config)
     staged = mirror.staged(model_dir)  # a bucket's: checked in a local copy (each worker
     layout.check_layout(staged)        # stages its own)
     config_changes.check(staged, config.to_dict(), api.task_fields(config, None)[1])

@@ -181,7 +181,7 @@ def _served_gan(serve, replicas):
   return {"eval_fake_left_of_zero": float(np.mean(samples[:, 0] < 0))}
 
 
-# What the refusal of an elastic resume names (trainer/task/replica_dependence.py), and why.
+# What the refusal of an elastic resume names (trainer/state/replica_dependence.py), and why.
 _BATCHNORM_REFUSAL = "BatchNormalization 'bn' (unsynchronized"
 _BATCHNORM_REPLICAS = ("BatchNormalization normalizes each replica's own share in training "
                        "(Keras synchronized=False)")

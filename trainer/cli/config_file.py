@@ -32,7 +32,7 @@ from configs.files import load
 from input_pipelines.native_output import native_startup_silenced
 from trainer.state import mirror
 from trainer.state import model_dir as layout
-from trainer.task import module_names
+from trainer.setup import module_names
 from trainer.errors import UserError
 
 READING_MODES = ("eval", "export", "continuous_eval")

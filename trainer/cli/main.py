@@ -31,8 +31,7 @@ from trainer.loop import continuous_eval
 from trainer.loop import progress
 from trainer.state import mirror
 from trainer.state import model_dir as layout
-from trainer.task import epochs
-from trainer.task import validation
+from trainer.setup import epochs
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import NonFiniteError, PeerLost, Preempted, StorageError, UserCodeError
@@ -50,7 +49,7 @@ _CONFIG = config_flags.DEFINE_config_file(
                 f"model_dir's config.json; default: model_dir's config.json if there is one, "
                 f"else synthetic")
 flags.FLAGS["config"].parser = config_file.Parser(lock_config=True)
-_config_used = ""  # which config this run uses, in words (set by _parse_flags)
+_config_used = ""  # which config this run uses, in words (set by parse_flags)
 _command_used = ""  # this run's command, copy-pasteable: its config and every flag as typed
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "where checkpoints, summaries and exports go",
                                  required=True)
@@ -69,14 +68,14 @@ flags.DEFINE_string(
 
 def main(argv):
   if len(argv) > 1:
-    _fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
+    fail(EXIT_BAD_INPUT, f"unexpected arguments: {' '.join(argv[1:])}")
   logs.quiet_libraries()
   # Each failure leaves inside its except block, without the interpreter's teardown
   # (`_leave`): its traceback holds the loop's frames and their tf.data iterators, whose
   # teardown waits for tf.data's threads (seconds, or a deadlock on the GIL when their
   # reads run in tf.numpy_function).
   try:
-    _leave(_run(_load_config(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value))
+    _leave(_run(config_from_flags(), _MODEL_DIR.value, _MODE.value, _CHECKPOINT_STEP.value))
   except Preempted as e:
     _report_preempted(e)
     _leave(errors.preempted_exit_code())
@@ -86,7 +85,7 @@ def main(argv):
     if code == EXIT_FAILURE and error is e and not _one_line(e):
       traceback.print_exc()
       _leave(code)
-    _fail(code, str(error), immediately=True)
+    fail(code, str(error), immediately=True)
 
 
 def _leave(code: int) -> None:
@@ -114,7 +113,7 @@ def _one_line(error: Exception) -> bool:
 def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) -> int:
   if api.is_parameter_server_task(config):
     with logs.native_startup_silenced():
-      validation.check_config(config)
+      api.check_config(config)
     preemption.end_start_up()  # a server polls the flag
     return _serve()
   mode = api.task_mode(mode)  # an evaluator task evaluates, whatever the shared command says
@@ -189,7 +188,7 @@ def _serve() -> int:
   return errors.preempted_exit_code()
 
 
-def _load_config():
+def config_from_flags():
   try:
     config = _CONFIG.value
     config.lock()  # touching the config surfaces a load failure here
@@ -205,18 +204,18 @@ def _overridden_fields(argv: list[str]) -> set[str]:
           if arg.lstrip("-").startswith("config.")}
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
   global _config_used, _command_used
   try:
     resolved, _config_used = config_file.choose(argv)
     _command_used = config_file.command(argv, resolved)
     return flags.FLAGS(resolved)
   except config_file.ConfigFileError as e:
-    _fail(EXIT_BAD_INPUT, e)
+    fail(EXIT_BAD_INPUT, e)
   except StorageError as e:  # a bucket that kept failing while its model_dir was staged
-    _fail(EXIT_FAILURE, e)
+    fail(EXIT_FAILURE, e)
   except flags.Error as e:
-    _fail(EXIT_BAD_INPUT, e)
+    fail(EXIT_BAD_INPUT, e)
   except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
     text = str(e).replace("\\", "")
     key = re.search(r"'([^']+)'", text)
@@ -224,12 +223,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
     overrides = [arg.split("=", 1)[0] for arg in argv if arg.lstrip("-").startswith("config.")]
     named = [flag for flag in overrides if key in flag.split(".")[1:]]
     hint = re.search(r'Did you mean "([^"]+)"', text)
-    _fail(EXIT_BAD_INPUT, f"unknown config field {named[0] if named else key}"
+    fail(EXIT_BAD_INPUT, f"unknown config field {named[0] if named else key}"
                           + (f" (did you mean {hint.group(1)!r}?)" if hint else
                              " (configs/common.py lists every field)"))
 
 
-def _fail(code: int, error, immediately: bool = False) -> None:
+def fail(code: int, error, immediately: bool = False) -> None:
   """One line on stderr, no traceback."""
   message = mirror.display(" ".join(str(error).split()))
   print(f"distloop: error: {message}", file=sys.stderr)
@@ -255,10 +254,10 @@ def run() -> None:
     try:  # first: a signal from now on exits with it
       errors.set_preempted_exit_code(code)
     except UserError as e:
-      _fail(EXIT_BAD_INPUT, e)
+      fail(EXIT_BAD_INPUT, e)
   try:
     preemption.start_up()  # a config's get_config or a plug-in may block: a signal ends it
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse_flags)
   except Preempted as e:  # before main(): while the flags (and so the config file) load
     _report_preempted(e)
     sys.exit(errors.preempted_exit_code())

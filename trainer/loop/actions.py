@@ -134,7 +134,7 @@ class Action:
 
 def resolve(specs: str, config) -> list[Action]:
   """train.actions: comma-separated MODULE:FUNCTION, each FUNCTION(config) -> Action(s)."""
-  from trainer.task import plugins  # pylint: disable=g-import-not-at-top
+  from trainer.setup import plugins  # pylint: disable=g-import-not-at-top
   found = []
   for spec in [part.strip() for part in (specs or "").split(",") if part.strip()]:
     factory = plugins.resolve("train.actions", spec)

@@ -30,6 +30,7 @@ from input_pipelines import batching
 from input_pipelines.errors import DataError
 from input_pipelines.sources import Source
 from trainer import task as tasks
+from trainer.loop import assembly
 from trainer.cluster import preemption
 from trainer.cluster import runtime
 from trainer.cluster import sharding
@@ -46,11 +47,11 @@ from trainer.state import export
 from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state.train_state import Position, TrainState
-from trainer.task import epochs
-from trainer.task import preprocess
-from trainer.task import run_fields
+from trainer.setup import epochs
+from trainer.loop import preprocess
+from trainer.setup import run_fields
 from trainer.task import user_code
-from trainer.task.state import TaskState
+from trainer.state.task_state import TaskState, load_model_weights
 from trainer.errors import NonFiniteError, Preempted, StorageError, UserCodeHung, UserError
 
 
@@ -84,7 +85,7 @@ class Trainer:
                task=None, actions=(), read_only: bool = False,
                clock: Callable[[], float] = time.monotonic, epoch_plan=None):
     self.config = config
-    # train.epochs (trainer/task/epochs.py): config.train.steps were derived from the newest
+    # train.epochs (trainer/setup/epochs.py): config.train.steps were derived from the newest
     # checkpoint's data position; the one restored must make the same steps.
     self._epoch_plan = epoch_plan
     self._position: Position | None = None  # the latest loop boundary's (set by train)
@@ -107,12 +108,12 @@ class Trainer:
     self.agreement = Agreement(strategy)
     # parameter_server: this process is the coordinator; it schedules steps on the workers.
     self.coordinator = runtime.coordinator(strategy)
-    self.task = tasks.create(config, task)
+    self.task = assembly.create_task(config, task)
     # Optimizer slots of a sharded variable are sharded like it (trainer/cluster/sharding.py).
     with (strategy.scope(), sharding.slots_follow_shards(),
           steps.one_copy_takes_the_first_replicas(strategy)):
       context = tasks.BuildContext(config, self.features_spec, labels_spec, self._probe,
-                                   strategy)
+                                   strategy, load_weights=load_model_weights)
       context.sources = splits
       user_code.build(self.task, context)
       self.state = TaskState(self.task, float16=config.runtime.mixed_precision == "float16")
@@ -753,7 +754,7 @@ class Trainer:
 
   def _served(self):
     """The task's Export, its input_spec set and traced (UserError if it cannot be served)."""
-    return user_code.exported(
+    return export.exported(
         self.task, export.serving_spec(self.features_spec, self.train_source.feature_name),
         self._probe[0])
 

@@ -7,7 +7,7 @@ end the SavedModel as artifacts under `export/`. The MLflow run's id is kept in
 model_dir/mlflow_run.json, so a resumed distloop run goes on logging into the same MLflow run.
 
 An optional extra (`pip install -e '.[mlflow]'`, the mlflow-skinny client): asking for it
-without the client installed is refused before anything runs (trainer/task/validation.py). A server that cannot be
+without the client installed is refused before anything runs (trainer/setup/validation.py). A server that cannot be
 reached at the start is refused in one line (exit 2); one that fails mid-run costs a
 warning, never the training. Each call runs in a thread of its own that the loop
 waits for at most the client's timeout, and not at all once a signal arrived: a

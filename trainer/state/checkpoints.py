@@ -402,7 +402,7 @@ def _matching(where: str, stored: dict, target: dict) -> tuple[dict, list[str]]:
   """(the flat {key: array} of `target`'s keys found in `stored` with their shape, the
   skipped keys with why).
 
-  A key is `<model>/<layer>/.../<variable>` (trainer/task/keys.py). A model
+  A key is `<model>/<layer>/.../<variable>` (trainer/state/keys.py). A model
   built by another builder may have another top-level name (`cnn` fine-tuned as
   `classifier`), so a key not found as it is is looked up by what follows the model
   name, where that part names one variable on each side.

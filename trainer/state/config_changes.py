@@ -25,7 +25,7 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               state), train.loss (and loss_weights), train.from_logits, train.optimizer (and optimizer_args, ema_decay), and the fields of any section a
               user's config adds - unless the Task declares which of its own
               section's fields fix the run (`Task.run_fixing_fields`,
-              trainer/task/run_fields.py): that section's other fields may change,
+              trainer/setup/run_fields.py): that section's other fields may change,
               each change logged (`may_change` below)
 
 The checkpoint is the record, config.json only a copy: each step's meta holds

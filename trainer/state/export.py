@@ -6,7 +6,7 @@ become the input names; a bare array is one input named after its source
 loss: `probabilities` for the cross-entropies (the softmax / sigmoid of logits, or
 the outputs unchanged when they are probabilities already: train.from_logits),
 `predictions` (the raw outputs) for anything else. A multi-output model serves
-each output under its own name, by the same rule (trainer/task/heads.py). The export is built from the
+each output under its own name, by the same rule (trainer/setup/heads.py). The export is built from the
 checkpointed weights in a plain (undistributed) copy of the model, so it loads
 anywhere TensorFlow runs without distloop, and is written to a temporary
 directory and renamed: a crash never leaves half an export, and a full disk or
@@ -27,7 +27,8 @@ import tensorflow as tf
 
 from input_pipelines import autograph_scope
 from trainer.cluster import sharding
-from trainer.errors import UserError
+from trainer.errors import Preempted, UserError
+from trainer.task import user_code
 from trainer.state import mirror
 from trainer.state import storage
 
@@ -263,3 +264,40 @@ def _fixed_where_data_varies(input_spec, features_spec) -> str | None:
       if data.shape[axis] is None and served.shape[axis] is not None:
         return f"dimension {axis} of {served.name or 'the input'} at {served.shape[axis]}"
   return None
+
+
+def exported(task, default_spec, probe_features):
+  """task.export() with its input_spec set (default: the data's), checked before
+  training by tracing what it serves on `probe_features`' spec: a model that is not a
+  keras.Model, or an input_spec the model cannot take, is one line (UserError).
+  None if the task exports nothing."""
+  name = type(task).__name__
+  try:
+    served = task.export()
+  except (UserError, Preempted):
+    raise
+  except SystemExit as e:  # would end the run with its code, untrained and unsaid
+    raise UserError(f"{name}.export called sys.exit({e.code!r}){user_code.location(e)}; export() must "
+                    f"return a trainer.Export (or None) or raise") from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"{name}.export raised {user_code.in_user_code(e)}") from None
+  if served is None:
+    return None
+  if not isinstance(getattr(served, "model", None), keras.Model):
+    raise UserError(f"{name}.export() serves {type(getattr(served, 'model', served)).__name__}"
+                    f", not a keras.Model: trainer.Export(model=<a keras.Model>, ...)")
+  if served.input_spec is None:
+    served.input_spec = default_spec
+  if type(task).__module__.startswith("trainer."):  # distloop's own (tested): no trace to pay
+    return served
+  try:
+    trace(served)
+  except (UserError, Preempted):
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    spec = ", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in tf.nest.flatten(served.input_spec))
+    data = ", ".join(f"{tuple(t.shape)} {t.dtype.name}" for t in tf.nest.flatten(probe_features))
+    raise UserError(f"{name}.export() cannot be served with input_spec {spec} (the data's "
+                    f"features: {data}): {user_code.in_user_code(e)}; refused before training, as the "
+                    f"export runs after it") from None
+  return served

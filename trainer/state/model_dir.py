@@ -62,6 +62,17 @@ def check_location(path: str, what: str = "--model_dir") -> None:
     buckets.parse(path, what)
 
 
+def check_init_from(checkpoint_config) -> None:
+  """checkpoint.init_from (a warm start, trainer/state/train_state.py): a model_dir, its
+  checkpoints/ or one step of them, on disk or in a bucket (staged here)."""
+  init_from = checkpoint_config.init_from
+  if not init_from:
+    return
+  check_location(init_from, "checkpoint.init_from")
+  if not os.path.isdir(mirror.staged_checkpoints(init_from, "checkpoint.init_from")):
+    raise UserError(f"checkpoint.init_from={init_from!r} is not a directory")
+
+
 def check_layout(model_dir: str) -> None:
   """UserError unless model_dir is a directory (or can be made one) whose distloop
   paths are what they must be."""

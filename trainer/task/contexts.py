@@ -21,8 +21,9 @@ class BuildContext:
   batch (batch dimension None); `probe`: a few real training examples (features,
   labels), eager; `strategy`: build() already runs in its scope."""
 
-  def __init__(self, config, features_spec, labels_spec, probe, strategy):
+  def __init__(self, config, features_spec, labels_spec, probe, strategy, load_weights):
     self.config = config
+    self._load_weights = load_weights  # trainer/state/task_state.py: load_model_weights
     self.features_spec = features_spec
     self.labels_spec = labels_spec
     self.probe = probe
@@ -40,16 +41,7 @@ class BuildContext:
     """`model`'s weights from the newest checkpoint of a distloop model_dir (or its
     checkpoints/ or one checkpoints/<step>/) written by a model of the same layers:
     a frozen teacher, a pretrained encoder. UserError if they do not match."""
-    from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
-    from trainer.task import keys  # pylint: disable=g-import-not-at-top
-    variables = keys.model_variables(keys.model_names([model]))
-    # Its errors name this call, not checkpoint.init_from (a field the user never set).
-    loaded, _, _ = checkpoints.read_model_weights(
-        path, checkpoints.variables_tree(variables),
-        who=f"load_weights({model.name!r}, {path!r})", ours=f"model {model.name!r}",
-        advice=f"pass load_weights a model built as the one that wrote {path} (the same "
-               f"layers, names and shapes)")
-    checkpoints.assign_tree(variables, loaded)
+    self._load_weights(model, path)
 
 
 class StepContext:
@@ -177,6 +169,12 @@ class StepContext:
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     with randomness.seeded_per_replica():
       return tf.random.experimental.stateless_fold_in(self._step_seed(salt), replica)
+
+  def micro_batch(self):
+    """A context for one micro-batch of a step that accumulates gradients: Keras's random
+    layers inside it draw as Keras does (per replica: a micro-batch is not the replica's
+    batch, so no per-example draw fits it), and an elastic resume names them."""
+    return randomness.drawn_per_replica()
 
   def normal(self, shape, dtype=tf.float32, salt: int = 0):
     """Standard-normal noise [this replica's examples, *shape]: the rows of the global

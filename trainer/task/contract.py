@@ -37,7 +37,7 @@ strategy, and owns everything around them:
       def state(self) -> dict                              # optional: what it holds by default
 
 `batch` is what the data plug-in delivers: (features, labels), this replica's
-share. The built-in supervised step (trainer/task/supervised.py) is a Task like
+share. The built-in supervised step (trainer/supervised/task.py) is a Task like
 any other; examples/gan.py and examples/distillation.py are two more.
 """
 import dataclasses
@@ -72,7 +72,7 @@ class Task:
   user's config adds, e.g. `gan`) fix the run, {section: (field, ...)}: a resume
   refuses a change to those, and lets the section's other fields change (its own
   optimizer's learning rate, a loss weight), logging each change. None (the default):
-  every field of every added section fixes the run (trainer/task/run_fields.py).
+  every field of every added section fixes the run (trainer/setup/run_fields.py).
   """
 
   run_fixing_fields: dict | None = None
@@ -95,7 +95,5 @@ class Task:
   def state(self) -> dict:
     """{name: what to checkpoint}. By default everything the task holds, at any depth of
     dicts, lists and tuples: models, layers, optimizers, variables, metrics and random
-    generators (trainer/task/state.py says how each is keyed)."""
-    from trainer.task import state  # pylint: disable=g-import-not-at-top  (it imports optimizers)
-    return state.held({name: value for name, value in vars(self).items()
-                       if not name.startswith("__")})
+    generators (trainer/state/task_state.py walks what this returns and keys each)."""
+    return {name: value for name, value in vars(self).items() if not name.startswith("__")}

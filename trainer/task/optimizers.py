@@ -24,8 +24,8 @@ import tensorflow as tf
 from trainer.cluster import runtime
 from trainer.cluster import sharding
 from trainer.errors import UserError
-from trainer.task import plugins
-from trainer.task import validation
+from trainer.setup import plugins
+from trainer.setup import validation
 
 
 def learning_rate(train_config: ml_collections.ConfigDict):

@@ -14,7 +14,7 @@ for bit, and on one replica nothing changes. Draws of any other shape (RandomCro
 offset per batch) are the same on every replica already. Cost: each replica draws the
 global batch's numbers, N times its own (docs/performance.md).
 
-`shape_dependent_draws` names the random ops of a traced step that were not drawn this
+trainer/state/replica_dependence.py names the random ops of a traced step that were not drawn this
 way (a `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle`): an elastic
 resume of such a Task is refused (trainer/state/elastic.py).
 """
@@ -23,16 +23,10 @@ import threading
 
 import tensorflow as tf
 
-from trainer.task import stateful_ops
-
 # Draws distloop knows to be per replica carry this in their ops' names (the step's graph
-# is checked); a draw with a state (stateful_ops: the kernel's, or a Generator's variable)
-# is per replica whatever its name.
+# is checked: trainer/state/replica_dependence.py); a draw with a state (the kernel's, or
+# a Generator's variable) is per replica whatever its name.
 PER_REPLICA_SCOPE = "distloop_per_replica"
-_STATELESS_DRAWS = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
-                    "StatelessParameterizedTruncatedNormal")
-_NOT_DRAWS = ("StatelessRandomGetKeyCounter", "StatelessRandomGetAlg",
-              "StatelessRandomGetKeyCounterAlg")
 
 PER_REPLICA = "per_replica"  # _rows_of_global: a draw per replica (another layout, micro-batches)
 _active = threading.local()  # MirroredStrategy traces each replica in a thread of its own
@@ -70,20 +64,6 @@ def seeded_per_replica():
   """Marks StepContext.seed()'s ops: what is drawn from it differs on each replica."""
   with tf.name_scope(PER_REPLICA_SCOPE):
     yield
-
-
-def shape_dependent_draws(graph_def) -> list[str]:
-  """'op in node' for each random op in the traced step (and every function it calls)
-  whose numbers change with the replica count: a stateful one (a tf.random.Generator),
-  StepContext.seed()'s, and a Keras draw not made per example (PER_REPLICA). A stateless op
-  of your own is as per-example as its seed (one of step.example_seeds: per example; of
-  step.seed(): named by that seed's op), so it is not named by itself."""
-  nodes = [*graph_def.node, *(node for function in graph_def.library.function
-                              for node in function.node_def)]
-  return [f"{node.op} in {node.name}" for node in nodes
-          if node.op in stateful_ops.HIDDEN_RANDOM_OPS or node.op in stateful_ops.VARIABLE_RANDOM_OPS
-          or (PER_REPLICA_SCOPE in node.name and node.op.startswith(_STATELESS_DRAWS)
-              and node.op not in _NOT_DRAWS)]
 
 
 # -- the draws ---------------------------------------------------------------------

@@ -88,46 +88,6 @@ def action_exited(name: str, step: int, exited: SystemExit, *, saved: bool) -> U
       f"to fail it)", saved_step=step if saved else None)
 
 
-def exported(task, default_spec, probe_features):
-  """task.export() with its input_spec set (default: the data's), checked before
-  training by tracing what it serves on `probe_features`' spec: a model that is not a
-  keras.Model, or an input_spec the model cannot take, is one line (UserError).
-  None if the task exports nothing."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  name = type(task).__name__
-  try:
-    served = task.export()
-  except (UserError, Preempted):
-    raise
-  except SystemExit as e:  # would end the run with its code, untrained and unsaid
-    raise UserError(f"{name}.export called sys.exit({e.code!r}){location(e)}; export() must "
-                    f"return a trainer.Export (or None) or raise") from None
-  except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"{name}.export raised {in_user_code(e)}") from None
-  if served is None:
-    return None
-  if not isinstance(getattr(served, "model", None), keras.Model):
-    raise UserError(f"{name}.export() serves {type(getattr(served, 'model', served)).__name__}"
-                    f", not a keras.Model: trainer.Export(model=<a keras.Model>, ...)")
-  if served.input_spec is None:
-    served.input_spec = default_spec
-  if type(task).__module__.startswith("trainer."):  # distloop's own (tested): no trace to pay
-    return served
-  from trainer.state import export  # pylint: disable=g-import-not-at-top
-  try:
-    export.trace(served)
-  except (UserError, Preempted):
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    spec = ", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in tf.nest.flatten(served.input_spec))
-    data = ", ".join(f"{tuple(t.shape)} {t.dtype.name}" for t in tf.nest.flatten(probe_features))
-    raise UserError(f"{name}.export() cannot be served with input_spec {spec} (the data's "
-                    f"features: {data}): {in_user_code(e)}; refused before training, as the "
-                    f"export runs after it") from None
-  return served
-
-
 def _user_frame(error: Exception) -> bool:
   return any(not any(part in frame.filename for part in _NOT_USER_CODE)
              for frame in traceback.extract_tb(error.__traceback__))

@@ -10,9 +10,9 @@ import functools
 
 import tensorflow as tf
 
-from trainer.task import losses
-from trainer.task import plugins
-from trainer.task import validation
+from trainer.supervised import losses
+from trainer.setup import plugins
+from trainer.setup import validation
 
 
 def accuracy(labels, outputs, *, threshold: float = 0.0):
@@ -26,9 +26,9 @@ def accuracy(labels, outputs, *, threshold: float = 0.0):
 
 def binary_accuracy(labels, outputs, *, threshold: float = 0.0):
   """Per output, `output > threshold` equals `label > 0.5`; the mean over outputs."""
-  labels = losses._aligned(labels, outputs)  # pylint: disable=protected-access
+  labels = losses.aligned(labels, outputs)
   right = tf.cast((outputs > threshold) == (labels > 0.5), tf.float32)
-  return losses._mean_over_example(right)  # pylint: disable=protected-access
+  return losses.mean_over_example(right)
 
 
 def top_k_accuracy(labels, outputs, *, k: int):
@@ -39,7 +39,7 @@ def top_k_accuracy(labels, outputs, *, k: int):
 def resolve(eval_config, loss_name: str, *, probabilities: bool = False,
             specs: list[str] | None = None) -> dict:
   """{name: per-example function} for `eval.metrics` (or `specs`, one output's share of
-  it: trainer/task/heads.py).
+  it: trainer/setup/heads.py).
 
   Thresholds follow the outputs: logits (threshold 0) under the cross-entropies
   unless `probabilities` (train.from_logits), probabilities or values (threshold

@@ -3,9 +3,9 @@
 Built from the config: model.name (a built-in or MODULE:FUNCTION builder),
 train.loss, eval.metrics, train.optimizer / learning_rate / lr_schedule,
 train.from_logits. At build it runs the start-up checks on real examples
-(trainer/task/compatibility.py: the model fits the data, the loss and every metric
+(trainer/supervised/compatibility.py: the model fits the data, the loss and every metric
 return per-example values, no compile()d training config of its own) and
-decides logits or probabilities (trainer/task/probabilities.py).
+decides logits or probabilities (trainer/supervised/probabilities.py).
 
 Its train_step reports `loss` (the data loss + model.losses, as differentiated),
 `regularization_loss` (model.losses alone) and every metric as train_<name>; its
@@ -18,28 +18,27 @@ import tensorflow as tf
 
 import input_pipelines
 import models
-from trainer.task import compatibility
-from trainer.task import heads
+from trainer.supervised import compatibility
+from trainer.setup import heads
 from trainer.task import contract
-from trainer.task import losses
-from trainer.task import metrics
-from trainer.task import plugins
-from trainer.task import probabilities
-from trainer.task import randomness
-from trainer.task import validation
+from trainer.supervised import losses
+from trainer.supervised import metrics
+from trainer.setup import plugins
+from trainer.supervised import probabilities
+from trainer.setup import validation
 from trainer.errors import UserError
 
 
 def _outputs(model, features, training: bool, names):
   """float32 outputs whatever the compute dtype (mixed precision computes in 16 bits):
-  one tensor, or {output name: tensor} (trainer/task/heads.py)."""
+  one tensor, or {output name: tensor} (trainer/setup/heads.py)."""
   outputs = heads.as_dict(model(features, training=training), names)
   return tf.nest.map_structure(lambda output: tf.cast(output, tf.float32), outputs)
 
 
 class SupervisedTask(contract.Task):
   """model(features) -> outputs; train.loss(labels, outputs); eval.metrics. Per output
-  (a head) when the model returns several: trainer/task/heads.py."""
+  (a head) when the model returns several: trainer/setup/heads.py."""
 
   def build(self, context) -> None:
     config = context.config
@@ -114,7 +113,7 @@ class SupervisedTask(contract.Task):
     if step.jit_compile:  # several replicas under XLA: forward and backward compiled apart
       forward_backward = tf.function(forward_backward, jit_compile=True, autograph=False)
     if self._accumulation_steps > 1:
-      grads, values = self._accumulate(forward_backward, features, labels)
+      grads, values = self._accumulate(step, forward_backward, features, labels)
     else:
       grads, per_example_loss, parts, outputs, regularization = forward_backward(features,
                                                                                  labels)
@@ -129,7 +128,7 @@ class SupervisedTask(contract.Task):
             "regularization_loss": regularization, **parts,
             **self._metric_values(labels, outputs)}
 
-  def _accumulate(self, forward_backward, features, labels):
+  def _accumulate(self, step, forward_backward, features, labels):
     """train.accumulation_steps = k: the replica's batch as k micro-batches, one after the
     other in a tf.while_loop (only one micro-batch's activations alive at a time), their
     gradients summed. Each micro-batch's loss is already divided by the global batch, so
@@ -147,7 +146,7 @@ class SupervisedTask(contract.Task):
 
     def body(i, sums, gathered):
       micro_features, micro_labels = tf.nest.map_structure(lambda t: t[i], (features, labels))
-      with randomness.drawn_per_replica():  # each micro-batch draws with the seed's next value
+      with step.micro_batch():  # each micro-batch draws with the seed's next value
         grads, per_example_loss, parts, outputs, regularization = forward_backward(
             micro_features, micro_labels, tf.cast(tf.equal(i, 0), tf.float32))
       values = self._values(micro_labels, outputs, per_example_loss, parts, regularization)

@@ -15,12 +15,10 @@ import ml_collections
 import input_pipelines
 from input_pipelines import padding
 import models
-from trainer.task import epochs
-from trainer.task import heads
-from trainer.task import plugins
-from trainer.state import mirror
-from trainer.state import model_dir as layout
-from trainer.task.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
+from trainer.setup import epochs
+from trainer.setup import heads
+from trainer.setup import plugins
+from trainer.setup.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
 from trainer.errors import UserError
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
@@ -128,11 +126,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       and not config.train.task):  # a Task's eval names are known once it is traced
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
-  if config.checkpoint.init_from:
-    layout.check_location(config.checkpoint.init_from, "checkpoint.init_from")
-  if config.checkpoint.init_from and not os.path.isdir(mirror.staged_checkpoints(
-      config.checkpoint.init_from, "checkpoint.init_from")):
-    raise UserError(f"checkpoint.init_from={config.checkpoint.init_from!r} is not a directory")
+  # checkpoint.init_from: where it is read (trainer/state/model_dir.py check_init_from)
   if config.checkpoint.init_partial and not config.checkpoint.init_from:
     raise UserError("checkpoint.init_partial=true applies to a warm start: set "
                     "checkpoint.init_from too, or drop init_partial")
@@ -225,7 +219,7 @@ def _weight_decay_exclude(text: str) -> None:
 
 
 def metric_specs(eval_config) -> list[str]:
-  """The entries of eval.metrics, in order (also trainer/task/metrics.py's list)."""
+  """The entries of eval.metrics, in order (also trainer/supervised/metrics.py's list)."""
   return [name.strip() for name in str(eval_config.metrics).split(",") if name.strip()]
 
 

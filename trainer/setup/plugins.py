@@ -22,7 +22,7 @@ from input_pipelines import padding
 from input_pipelines.errors import DataError
 import models
 from trainer.errors import UserError  # re-exported for registries
-from trainer.task import module_names
+from trainer.setup import module_names
 
 
 # Plug-ins that run inside the traced step: AutoGraph converts them (autograph_scope).

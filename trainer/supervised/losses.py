@@ -8,7 +8,7 @@ plain tf.nn functions, not Keras `Loss` objects: with the TF backend a Keras
 the reduction twice.
 
 The cross-entropies take logits, or probabilities when the model's outputs are
-(`train.from_logits`, decided by trainer/task/probabilities.py); either way they serve
+(`train.from_logits`, decided by trainer/supervised/probabilities.py); either way they serve
 `probabilities` (the softmax or sigmoid of logits, probabilities as they are).
 Every other loss serves the raw outputs as `predictions`. For probabilities the
 cross-entropies are Keras's plain ops (clipped to [eps, 1 - eps] as Keras does),
@@ -17,10 +17,10 @@ per example.
 import keras
 import tensorflow as tf
 
-from trainer.task import plugins
+from trainer.setup import plugins
 
 
-def _aligned(labels, outputs):
+def aligned(labels, outputs):
   """Labels as float32 in the outputs' shape ([b] labels for [b, 1] outputs)."""
   labels = tf.cast(labels, tf.float32)
   if labels.shape.rank == outputs.shape.rank - 1 and outputs.shape[-1] == 1:
@@ -28,7 +28,7 @@ def _aligned(labels, outputs):
   return labels
 
 
-def _mean_over_example(values):
+def mean_over_example(values):
   """[b, ...] -> [b]: the mean over everything but the batch axis."""
   return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=-1)
 
@@ -39,8 +39,8 @@ def sparse_categorical_crossentropy(labels, outputs):
 
 
 def binary_crossentropy(labels, outputs):
-  return _mean_over_example(tf.nn.sigmoid_cross_entropy_with_logits(
-      labels=_aligned(labels, outputs), logits=outputs))
+  return mean_over_example(tf.nn.sigmoid_cross_entropy_with_logits(
+      labels=aligned(labels, outputs), logits=outputs))
 
 
 def sparse_categorical_crossentropy_of_probabilities(labels, probabilities):
@@ -49,16 +49,16 @@ def sparse_categorical_crossentropy_of_probabilities(labels, probabilities):
 
 
 def binary_crossentropy_of_probabilities(labels, probabilities):
-  return _mean_over_example(keras.ops.binary_crossentropy(
-      _aligned(labels, probabilities), probabilities, from_logits=False))
+  return mean_over_example(keras.ops.binary_crossentropy(
+      aligned(labels, probabilities), probabilities, from_logits=False))
 
 
 def mean_squared_error(labels, outputs):
-  return _mean_over_example(tf.square(outputs - _aligned(labels, outputs)))
+  return mean_over_example(tf.square(outputs - aligned(labels, outputs)))
 
 
 def mean_absolute_error(labels, outputs):
-  return _mean_over_example(tf.abs(outputs - _aligned(labels, outputs)))
+  return mean_over_example(tf.abs(outputs - aligned(labels, outputs)))
 
 
 BUILTINS = {

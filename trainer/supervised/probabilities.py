@@ -2,7 +2,7 @@
 
 Decided once, at start-up, from the model and its outputs on the probe
 examples, and threaded from here to what depends on it: the cross-entropies
-(trainer/task/losses.py), the accuracy thresholds (trainer/task/metrics.py) and the
+(trainer/supervised/losses.py), the accuracy thresholds (trainer/supervised/metrics.py) and the
 served output (trainer/state/export.py). Most Keras models (every keras.applications
 classifier, most tutorials) end in a softmax or sigmoid; the cross-entropies
 take logits by default, so such a head would have its activation applied twice:
@@ -23,7 +23,7 @@ they are.
 from absl import logging
 import numpy as np
 
-from trainer.task import losses
+from trainer.supervised import losses
 from trainer.errors import UserError
 
 CHOICES = ("auto", "true", "false")
@@ -35,7 +35,7 @@ def decide(config, model, outputs, *, loss_name: str | None = None,
            output: str | None = None) -> bool:
   """True if `outputs` (the model's, on the probe examples) are probabilities; UserError
   when the setting contradicts the model or the model cannot tell. `output`: which of a
-  multi-output model's outputs (trainer/task/heads.py), with its `loss_name`."""
+  multi-output model's outputs (trainer/setup/heads.py), with its `loss_name`."""
   setting, loss_name = config.train.from_logits, loss_name or config.train.loss
   if not losses.is_cross_entropy(loss_name):
     return False

@@ -5,7 +5,7 @@ What is held comes from `task.state()`: by default everything the task holds
 (`held`: attributes, at any depth of dicts, lists and tuples) that has state: models,
 layers, optimizers, variables, metrics, a `tf.random.Generator` or a Keras
 `SeedGenerator`; float16 adds a loss scale per optimizer. The keys come from
-trainer/task/keys.py and do not depend on Keras's per-process numbering.
+trainer/state/keys.py and do not depend on Keras's per-process numbering.
 
 The traced steps are the ground truth (`check_step`, called as steps.discover traces
 each step): a variable a step reads or writes that no checkpoint would hold, a
@@ -19,12 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.task import keys
+from trainer.state import keys
 from trainer.task import loss_scale as loss_scales
 from trainer.task import optimizers as optimizer_rules
-from trainer.task import randomness
-from trainer.task import replica_dependence
-from trainer.task import stateful_ops
+from trainer.state import replica_dependence
+from trainer.state import stateful_ops
 from trainer.errors import UserError
 
 _GENERATORS = (tf.random.Generator, keras.random.SeedGenerator)  # state: one variable
@@ -149,7 +148,7 @@ class TaskState:
       graph = trace().graph
     graph_def = graph.as_graph_def()
     if what == "train_step":
-      self._per_replica_draws = randomness.shape_dependent_draws(graph_def)
+      self._per_replica_draws = replica_dependence.shape_dependent_draws(graph_def)
     stateful = stateful_ops.first(graph_def, variable_random=False, writes=False)
     if stateful is not None:
       node, op = stateful
@@ -173,7 +172,7 @@ class TaskState:
 
   def replica_dependence(self, deterministic: bool) -> list[str]:
     """In words, what makes this task's trajectory depend on the replica count
-    (trainer/task/replica_dependence.py): unsynchronized BatchNorm layers; randomness
+    (trainer/state/replica_dependence.py): unsynchronized BatchNorm layers; randomness
     drawn per replica, under `deterministic` (otherwise no draw is per example, and no
     number is promised)."""
     return [*self._unsynchronized_batchnorm,
@@ -266,3 +265,18 @@ def _global_seed_generator(step: str, name: str) -> str | None:
           f"does not hold?), so a resumed run would "
           f"draw other numbers: use step.normal / step.uniform / step.seed, or pass a "
           f"keras.random.SeedGenerator the task holds as seed=")
+
+
+def load_model_weights(model, path: str) -> None:
+  """BuildContext.load_weights: `model`'s weights from the newest checkpoint of a distloop
+  model_dir (or its checkpoints/ or one checkpoints/<step>/). UserError if they do not
+  match."""
+  from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
+  variables = keys.model_variables(keys.model_names([model]))
+  # Its errors name this call, not checkpoint.init_from (a field the user never set).
+  loaded, _, _ = checkpoints.read_model_weights(
+      path, checkpoints.variables_tree(variables),
+      who=f"load_weights({model.name!r}, {path!r})", ours=f"model {model.name!r}",
+      advice=f"pass load_weights a model built as the one that wrote {path} (the same "
+             f"layers, names and shapes)")
+  checkpoints.assign_tree(variables, loaded)

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import models
 from input_pipelines.sources import ArraySource, IndexedSource, Source
-from trainer.task import plugins
+from trainer.setup import plugins
 from trainer.errors import UserError
 
 # Optimizer settings worth naming even at their class's default (AdamW's weight_decay).
@@ -64,7 +64,7 @@ def check_labels_fit_outputs(config, names: list[str] | None, labels) -> None:
 
 def check(config, head, outputs, labels, train_source: Source, eval_source: Source) -> None:
   """`outputs`: head's outputs of the probe examples (model_outputs()) whose labels are
-  `labels`; `head`: trainer/task/heads.py Head (its loss and metrics)."""
+  `labels`; `head`: trainer/setup/heads.py Head (its loss and metrics)."""
   model_name = f"model.name={config.model.name!r}" + (
       f" (output {head.output!r})" if head.output else "")
   outputs = tf.cast(outputs, tf.float32)

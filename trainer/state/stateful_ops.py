@@ -1,6 +1,6 @@
 """Which ops of a traced graph keep state between calls: the one list, for the two places
-that refuse them (a `data.preprocess` function: trainer/task/preprocess.py; a Task's
-steps: trainer/task/state.py).
+that refuse them (a `data.preprocess` function: trainer/loop/preprocess.py; a Task's
+steps: trainer/state/task_state.py).
 
 Three kinds: random ops whose state is hidden in the kernel (legacy `tf.random.*`, which
 also carry a `seed2` attribute: no checkpoint can hold it, so a resumed run draws other

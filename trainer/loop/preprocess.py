@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from input_pipelines import batching
 from input_pipelines.sources import Source
-from trainer.task import plugins
-from trainer.task import stateful_ops
+from trainer.setup import plugins
+from trainer.state import stateful_ops
 
 FIELD = "data.preprocess"
 

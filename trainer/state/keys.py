@@ -8,7 +8,7 @@ process. Here a name Keras chose (its class in snake case, maybe `_<n>`) is
 replaced by the one a fresh process building only this task would give it: the
 base name, numbered by order of appearance in the task's state. Names a user
 chose are kept. What is not a model is keyed by where the task holds it (`<name>`:
-the attribute, `<attribute>_<key or index>` in a dict or list; trainer/task/state.py).
+the attribute, `<attribute>_<key or index>` in a dict or list; trainer/state/task_state.py).
 Keys:
 
     model item:      <model>/<layer>[/<sublayer>...]/<variable>   every model
