@@ -1,8 +1,10 @@
 """Checks a resolved config before anything runs or is written.
 
-Pure Python (no TensorFlow import), so a bad value fails in a fraction of a
-second with one line that names the field and the value. Checks that need the
-runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py.
+`FIELDS` is the one table: every field of configs/common.py, the check it gets here and
+the code that acts on it. Pure Python (no TensorFlow import), so a bad value fails in a
+fraction of a second with one line that names the field and the value. Checks that need
+the runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py;
+checkpoint.init_from, which needs its bucket staged, in trainer/state/model_dir.py.
 """
 import ast
 import importlib.util
@@ -38,116 +40,112 @@ MOST_THREADS_PER_OP = 1024
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises UserError naming the first bad field (and imports the plug-ins it names)."""
-  plugins.resolve("model.name", config.model.name, models.BUILTINS)  # resolves
-  for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
-                "model.hidden_units", "model.num_outputs"):
+  """Raises UserError naming the first bad field (and imports the plug-ins it names):
+  each field of FIELDS in turn, by the check the table gives it."""
+  for field, (check, _) in FIELDS.items():
+    if check is not None:
+      check(config, field)
+
+
+# -- the checks FIELDS gives a field: each takes (config, "section.field") ---------------
+
+def _positive(config, field):
+  value = _number(config, field)
+  if value <= 0:
+    raise UserError(f"{field}={value!r} must be positive")
+
+
+def _non_negative(config, field):
+  value = _number(config, field)
+  if value < 0:
+    raise UserError(f"{field}={value!r} must not be negative")
+
+
+def _in(low, high, high_inclusive=True):
+  return lambda config, field: _in_range(config, field, low, high, high_inclusive)
+
+
+def _among(choices):
+  return lambda config, field: _one_of(config, field, choices)
+
+
+def _plugin(builtins=None):
+  """MODULE:FUNCTION or a built-in name, resolved now (an empty value: none given)."""
+  def check(config, field):
+    value = _get(config, field)
+    if builtins is not None or value:
+      plugins.resolve(field, value, builtins)
+  return check
+
+
+def _actions(config, field):
+  for spec in [part.strip() for part in str(_get(config, field)).split(",") if part.strip()]:
+    plugins.resolve(field, spec)
+
+
+def _losses(config, field):
+  for loss in (heads.per_output(field, config.train.loss) or {"": config.train.loss}).values():
+    plugins.resolve(field, loss, dict.fromkeys(LOSSES))
+
+
+def _steps(config, field):
+  if not config.train.epochs:  # else the run's length comes from train.epochs (epochs.py)
     _positive(config, field)
-  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop/controller.py)
-  _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
-  _positive(config, "model.embedding_dim")
 
-  plugins.resolve("data.name", config.data.name, input_pipelines.BUILTINS)
-  if config.data.preprocess:
-    plugins.resolve("data.preprocess", config.data.preprocess)
-  for field in ("data.num_train_examples", "data.num_eval_examples", "data.num_features",
-                "data.num_users", "data.num_items",
-                "data.image_size"):
-    _positive(config, field)
-  _in_range(config, "data.eval_fraction", 0.0, 1.0, high_inclusive=False)
-  _one_of(config, "data.channels", (1, 3))
-  try:
-    padding.parse(config.data.pad_to)
-  except ValueError as e:
-    raise UserError(f"data.pad_to={config.data.pad_to!r} {e}") from None
-  _number(config, "data.pad_value")
-  _non_negative(config, "data.bucket_window")
-
-  if config.train.task:
-    plugins.resolve("train.task", config.train.task)
-  for spec in [part.strip() for part in config.train.actions.split(",") if part.strip()]:
-    plugins.resolve("train.actions", spec)
-  for loss in (heads.per_output("train.loss", config.train.loss) or {"": config.train.loss}
-               ).values():
-    plugins.resolve("train.loss", loss, dict.fromkeys(LOSSES))
-  output_losses = heads.check_config(config)  # train.loss_weights too
-  _one_of(config, "train.from_logits", ("auto", "true", "false"))
-  _metrics(config)
-
-  epochs.check_config(config)
-  for field in (("train.global_batch_size", "train.steps_per_loop", "train.accumulation_steps")
-                + (() if config.train.epochs else ("train.steps",))):
-    _positive(config, field)
+def _accumulation(config, field):
+  _positive(config, field)
   if config.train.task and config.train.accumulation_steps != 1:
     raise UserError(f"train.accumulation_steps={config.train.accumulation_steps} applies to the "
                     f"built-in step; a Task ({config.train.task}) accumulates in its own "
                     f"train_step (sum step.gradients over micro-batches, then one "
                     f"step.apply_gradients)")
-  plugins.resolve("train.optimizer", config.train.optimizer, dict.fromkeys(OPTIMIZERS))
-  optimizer_arguments(config.train)
-  _non_negative(config, "train.weight_decay")
-  _in_range(config, "train.ema_decay", 0.0, 1.0, high_inclusive=False)
-  _weight_decay_exclude(config.train.weight_decay_exclude)
-  _non_negative(config, "train.learning_rate")
-  _in_range(config, "train.momentum", 0.0, 1.0, high_inclusive=False)
-  plugins.resolve("train.lr_schedule", config.train.lr_schedule, dict.fromkeys(LR_SCHEDULES))
-  _non_negative(config, "train.warmup_steps")
+
+
+def _warmup(config, field):
+  _non_negative(config, field)
   if (config.train.lr_schedule == "cosine" and not config.train.epochs  # else: epochs.py
       and config.train.warmup_steps >= config.train.steps):
     raise UserError(f"train.warmup_steps={config.train.warmup_steps} must be below "
                     f"train.steps={config.train.steps}")
-  _positive(config, "train.lr_decay_steps")
-  _in_range(config, "train.lr_decay_rate", 0.0, 1.0)
-  _non_negative(config, "train.clip_grad_norm")
 
-  _one_of(config, "train.nonfinite_policy", NONFINITE_POLICIES)
-  _non_negative(config, "train.max_rollbacks")
-  _non_negative(config, "train.action_timeout_seconds")
 
-  _non_negative(config, "eval.interval")
-  _positive(config, "eval.global_batch_size")
-  _positive(config, "eval.poll_seconds")
-  _non_negative(config, "eval.timeout_seconds")
+def _top_k(config, field):
+  if any(spec == "top_k_accuracy" for _, spec in heads.metric_entries(metric_specs(config.eval))):
+    _positive(config, field)
 
-  _positive(config, "checkpoint.interval")
-  _non_negative(config, "checkpoint.interval_seconds")
-  _positive(config, "checkpoint.max_to_keep")
-  _non_negative(config, "checkpoint.keep_period")
-  _non_negative(config, "checkpoint.keep_best")
-  _one_of(config, "checkpoint.best_mode", BEST_MODES)
-  _non_negative(config, "checkpoint.early_stop_patience")
-  _non_negative(config, "checkpoint.early_stop_min_delta")
-  reported = ["loss", *output_losses] + [
+
+def _best_metric(config, field):
+  reported = ["loss", *heads.check_config(config)] + [
       heads.reported_name(output, plugins.name_of(spec))
       for output, spec in heads.metric_entries(metric_specs(config.eval))]
   if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
       and config.checkpoint.best_metric not in reported
       and not config.train.task):  # a Task's eval names are known once it is traced
-    raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not reported "
+    raise UserError(f"{field}={config.checkpoint.best_metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
-  # checkpoint.init_from: where it is read (trainer/state/model_dir.py check_init_from)
-  if config.checkpoint.init_partial and not config.checkpoint.init_from:
-    raise UserError("checkpoint.init_partial=true applies to a warm start: set "
-                    "checkpoint.init_from too, or drop init_partial")
-  _one_of(config, "checkpoint.if_unreadable", IF_UNREADABLE)
 
-  _one_of(config, "runtime.strategy", STRATEGIES)
-  _positive(config, "runtime.num_cpu_devices")
-  _threads_per_op(config)
-  _non_negative(config, "runtime.seed")
-  _non_negative(config, "runtime.all_reduce_bytes_per_pack")
-  _one_of(config, "runtime.all_reduce_implementation", ALL_REDUCE_IMPLEMENTATIONS)
-  _in_range(config, "runtime.slurm_port_base", 1, 65535)
-  _one_of(config, "runtime.mixed_precision", PRECISIONS)
-  _profile_window(config.runtime.profile_steps)
-  _one_of(config, "runtime.jit_compile", ("auto", "true", "false"))
-  _variable_partitioner(config.runtime)
-  if config.runtime.mlflow_uri and importlib.util.find_spec("mlflow") is None:
-    raise UserError(f"runtime.mlflow_uri={config.runtime.mlflow_uri!r} needs the MLflow client: "
-                    f"pip install -e '.[mlflow]' (or pip install mlflow-skinny)")
-  if config.runtime.mlflow_uri:
-    _mlflow_store(config.runtime.mlflow_uri)
+
+def _init_partial(config, field):
+  if config.checkpoint.init_partial and not config.checkpoint.init_from:
+    raise UserError(f"{field}=true applies to a warm start: set checkpoint.init_from too, or "
+                    f"drop init_partial")
+
+
+def _pad_to(config, field):
+  try:
+    padding.parse(config.data.pad_to)
+  except ValueError as e:
+    raise UserError(f"{field}={config.data.pad_to!r} {e}") from None
+
+
+def _mlflow(config, field):
+  uri = config.runtime.mlflow_uri
+  if uri and importlib.util.find_spec("mlflow") is None:
+    raise UserError(f"{field}={uri!r} needs the MLflow client: pip install -e '.[mlflow]' (or "
+                    f"pip install mlflow-skinny)")
+  if uri:
+    _mlflow_store(uri)
 
 
 _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -234,8 +232,6 @@ def _metrics(config) -> None:
     if names.count(name) > 1 or name in ("loss", "examples"):
       raise UserError(f"eval.metrics={config.eval.metrics!r}: the name {name!r} is given twice "
                       f"or is reserved")
-  if any(spec == "top_k_accuracy" for _, spec in entries):
-    _positive(config, "eval.top_k")
 
 
 def _get(config, field):
@@ -269,16 +265,6 @@ def _variable_partitioner(runtime) -> None:
                     f"{runtime.strategy!r}")
 
 
-def _positive(config, field):
-  value = _number(config, field)
-  if value <= 0:
-    raise UserError(f"{field}={value!r} must be positive")
-
-
-def _non_negative(config, field):
-  value = _number(config, field)
-  if value < 0:
-    raise UserError(f"{field}={value!r} must not be negative")
 
 
 def _in_range(config, field, low, high, high_inclusive=True):
@@ -315,3 +301,112 @@ def _one_of(config, field, choices):
   value = _get(config, field)
   if value not in choices:
     raise UserError(f"{field}={value!r} is unknown (choose from: {', '.join(choices)})")
+
+
+_OF = lambda check: (lambda config, field: check(_get(config, field)))  # pylint: disable=unnecessary-lambda-assignment
+
+# Every field of configs/common.py, in the order it is checked: (its check here, None where
+# the code that reads it says what is wrong in one line; the code that acts on it). A
+# field's reader is named so that a change to the one shows the other
+# (tests/test_config_fields.py: every field is here, and each file named reads it).
+FIELDS = {
+    "model.name": (_plugin(models.BUILTINS), "models/__init__.py"),
+    "model.conv_filters": (_positive, "models/mnist_cnn.py"),
+    "model.dense_units": (_positive, "models/mnist_cnn.py"),
+    "model.mlp_units": (_positive, "models/mlp.py"),
+    "model.hidden_units": (_positive, "models/tabular.py"),
+    "model.num_outputs": (_positive, "models/tabular.py"),
+    "model.num_classes": (_non_negative, "models/mnist_cnn.py"),  # 0: from the data
+    "model.dropout_rate": (_in(0.0, 1.0, high_inclusive=False), "models/mlp.py"),
+    "model.embedding_dim": (_positive, "models/recommender.py"),
+
+    "data.name": (_plugin(input_pipelines.BUILTINS), "input_pipelines/__init__.py"),
+    "data.preprocess": (_plugin(), "trainer/loop/preprocess.py"),
+    "data.num_train_examples": (_positive, "input_pipelines/synthetic.py"),
+    "data.num_eval_examples": (_positive, "input_pipelines/synthetic.py"),
+    "data.num_features": (_positive, "input_pipelines/table.py"),
+    "data.num_users": (_positive, "input_pipelines/recommender.py"),
+    "data.num_items": (_positive, "input_pipelines/recommender.py"),
+    "data.image_size": (_positive, "input_pipelines/image_folder.py"),
+    "data.eval_fraction": (_in(0.0, 1.0, high_inclusive=False), "input_pipelines/table.py"),
+    "data.channels": (_among((1, 3)), "input_pipelines/image_folder.py"),
+    "data.pad_to": (_pad_to, "input_pipelines/padding.py"),
+    "data.pad_value": (_number, "input_pipelines/padding.py"),
+    "data.bucket_window": (_non_negative, "input_pipelines/padding.py"),
+    "data.dir": (None, "input_pipelines/mnist.py"),  # each dataset names what is missing
+    "data.label_column": (None, "input_pipelines/table.py"),
+
+    "train.task": (_plugin(), "trainer/loop/assembly.py"),
+    "train.actions": (_actions, "trainer/loop/actions.py"),
+    "train.loss": (_losses, "trainer/supervised/losses.py"),
+    "train.loss_weights": (lambda config, _: heads.check_config(config), "trainer/setup/heads.py"),
+    "train.from_logits": (_among(("auto", "true", "false")), "trainer/supervised/probabilities.py"),
+    "eval.metrics": (lambda config, _: _metrics(config), "trainer/supervised/metrics.py"),
+    "train.epochs": (lambda config, _: epochs.check_config(config), "trainer/setup/epochs.py"),
+    "train.global_batch_size": (_positive, "trainer/cluster/runtime.py"),
+    "train.steps_per_loop": (_positive, "trainer/loop/controller.py"),
+    "train.accumulation_steps": (_accumulation, "trainer/supervised/task.py"),
+    "train.steps": (_steps, "trainer/loop/controller.py"),
+    "train.optimizer": (lambda config, field: plugins.resolve(
+        field, config.train.optimizer, dict.fromkeys(OPTIMIZERS)), "trainer/task/optimizers.py"),
+    "train.optimizer_args": (lambda config, _: optimizer_arguments(config.train),
+                             "trainer/task/optimizers.py"),
+    "train.weight_decay": (_non_negative, "trainer/task/optimizers.py"),
+    "train.ema_decay": (_in(0.0, 1.0, high_inclusive=False), "trainer/task/optimizers.py"),
+    "train.ema_eval": (None, "trainer/task/optimizers.py"),
+    "train.weight_decay_exclude": (_OF(lambda text: _weight_decay_exclude(text)),  # pylint: disable=unnecessary-lambda
+                                   "trainer/task/optimizers.py"),
+    "train.learning_rate": (_non_negative, "trainer/task/optimizers.py"),
+    "train.momentum": (_in(0.0, 1.0, high_inclusive=False), "trainer/task/optimizers.py"),
+    "train.lr_schedule": (lambda config, field: plugins.resolve(
+        field, config.train.lr_schedule, dict.fromkeys(LR_SCHEDULES)), "trainer/task/optimizers.py"),
+    "train.warmup_steps": (_warmup, "trainer/task/optimizers.py"),
+    "train.lr_decay_steps": (_positive, "trainer/task/optimizers.py"),
+    "train.lr_decay_rate": (_in(0.0, 1.0), "trainer/task/optimizers.py"),
+    "train.clip_grad_norm": (_non_negative, "trainer/task/optimizers.py"),
+    "train.nonfinite_policy": (_among(NONFINITE_POLICIES), "trainer/loop/controller.py"),
+    "train.max_rollbacks": (_non_negative, "trainer/loop/controller.py"),
+    "train.action_timeout_seconds": (_non_negative, "trainer/loop/actions.py"),
+    "train.report_gradient_norm": (None, "trainer/loop/controller.py"),
+
+    "eval.interval": (_non_negative, "trainer/loop/controller.py"),
+    "eval.global_batch_size": (_positive, "trainer/cluster/runtime.py"),
+    "eval.poll_seconds": (_positive, "trainer/loop/continuous_eval.py"),
+    "eval.timeout_seconds": (_non_negative, "trainer/loop/continuous_eval.py"),
+    "eval.top_k": (_top_k, "trainer/supervised/metrics.py"),
+
+    "checkpoint.interval": (_positive, "trainer/loop/controller.py"),
+    "checkpoint.interval_seconds": (_non_negative, "trainer/loop/controller.py"),
+    "checkpoint.max_to_keep": (_positive, "trainer/state/train_state.py"),
+    "checkpoint.keep_period": (_non_negative, "trainer/state/train_state.py"),
+    "checkpoint.keep_best": (_non_negative, "trainer/state/train_state.py"),
+    "checkpoint.best_mode": (_among(BEST_MODES), "trainer/state/train_state.py"),
+    "checkpoint.early_stop_patience": (_non_negative, "trainer/loop/controller.py"),
+    "checkpoint.early_stop_min_delta": (_non_negative, "trainer/loop/controller.py"),
+    "checkpoint.best_metric": (_best_metric, "trainer/state/train_state.py"),
+    # Staged and read where it acts (trainer/api.py check_config calls it after these).
+    "checkpoint.init_from": (None, "trainer/state/model_dir.py"),
+    "checkpoint.init_partial": (_init_partial, "trainer/state/train_state.py"),
+    "checkpoint.if_unreadable": (_among(IF_UNREADABLE), "trainer/state/train_state.py"),
+    "checkpoint.async_save": (None, "trainer/state/train_state.py"),
+    "checkpoint.allow_other_trajectory": (None, "trainer/state/elastic.py"),
+    "checkpoint.lease_seconds": (_positive, "trainer/state/lease.py"),
+
+    "runtime.strategy": (_among(STRATEGIES), "trainer/cluster/runtime.py"),
+    "runtime.num_cpu_devices": (_positive, "trainer/cluster/runtime.py"),
+    "runtime.intra_op_threads": (lambda config, _: _threads_per_op(config),
+                                 "trainer/cluster/runtime.py"),
+    "runtime.seed": (_non_negative, "trainer/cluster/runtime.py"),
+    "runtime.deterministic": (None, "trainer/cluster/runtime.py"),
+    "runtime.all_reduce_bytes_per_pack": (_non_negative, "trainer/cluster/runtime.py"),
+    "runtime.all_reduce_implementation": (_among(ALL_REDUCE_IMPLEMENTATIONS),
+                                          "trainer/cluster/runtime.py"),
+    "runtime.slurm_port_base": (_in(1, 65535), "trainer/cluster/runtime.py"),
+    "runtime.mixed_precision": (_among(PRECISIONS), "trainer/cluster/runtime.py"),
+    "runtime.profile_steps": (_OF(lambda spec: _profile_window(spec)), "trainer/loop/profiling.py"),  # pylint: disable=unnecessary-lambda
+    "runtime.jit_compile": (_among(("auto", "true", "false")), "trainer/cluster/runtime.py"),
+    "runtime.variable_partitioner": (lambda config, _: _variable_partitioner(config.runtime),
+                                     "trainer/cluster/sharding.py"),
+    "runtime.mlflow_uri": (_mlflow, "trainer/loop/mlflow_log.py"),
+    "runtime.mlflow_experiment": (None, "trainer/loop/mlflow_log.py"),
+}
