@@ -26,7 +26,6 @@ import sys
 from absl import logging
 
 import input_pipelines
-from input_pipelines import memory
 from input_pipelines.native_output import native_startup_silenced
 from trainer.loop import library_logs
 from trainer.cluster import kubernetes
@@ -141,33 +140,13 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     if training and _already_finished(model_dir, config):
       return {**layout.read_summary(model_dir), "already_finished": True}
   epochs.say_replaced()  # the command line's length, past the refusals of config and data
-  with native_startup_silenced():
-    from input_pipelines import batching  # pylint: disable=g-import-not-at-top  (TensorFlow)
-    from trainer.loop import controller  # pylint: disable=g-import-not-at-top,unused-import
-    from trainer.cluster import process_runtime  # pylint: disable=g-import-not-at-top
+  with native_startup_silenced():  # TensorFlow's and orbax's start-up lines
     from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
-    if config.runtime.strategy == "multi_worker_mirrored":
-      preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
-    runtime.configure(config.runtime)
-    strategy = runtime.create_strategy(config.runtime)
-    runtime.seed(config.runtime)
-  preemption.reinstall()  # a multi-worker runtime installs a SIGTERM handler of its own
-  if process_runtime.determinism_kept(config.runtime.deterministic):
-    logging.warning("runtime.deterministic=false: an earlier run in this process enabled op "
-                    "determinism, which TensorFlow keeps on for the process: this run's "
-                    "kernels are deterministic too")
-  runtime.check_batch_divisible(strategy, config.train.global_batch_size,
-                                config.train.accumulation_steps)
-  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
-                       eval_batch=config.eval.global_batch_size,
-                       processes=runtime.num_workers(strategy))
-  for source in splits:  # a tf.data stream: fixed-shape examples, one label, not empty
-    if isinstance(source, input_pipelines.StreamSource):
-      batching.check_stream(source)
+    from trainer.loop import controller  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  strategy, chief = runtime.start(config, splits, training=training)
   _stop_if_signalled(config)
 
-  with (_writer(model_dir, config) if training and runtime.is_chief(strategy)
-        else contextlib.nullcontext()):
+  with (_writer(model_dir, config) if training and chief else contextlib.nullcontext()):
     return _run_mode(config, model_dir, mode, checkpoint_step, strategy, splits, task, actions,
                      config_source, epoch_plan)
 

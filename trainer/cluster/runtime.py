@@ -7,6 +7,7 @@ or a one-line refusal (trainer/cluster/process_runtime.py).
 """
 import os
 
+from absl import logging
 import keras
 import ml_collections
 import tensorflow as tf
@@ -274,6 +275,39 @@ def communication_options(runtime_config: ml_collections.ConfigDict):
   }[runtime_config.all_reduce_implementation]
   return tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=runtime_config.all_reduce_bytes_per_pack, implementation=implementation)
+
+
+def start(config: ml_collections.ConfigDict, splits, *, training: bool
+          ) -> tuple[tf.distribute.Strategy, bool]:
+  """(the strategy, whether this process is the chief) of `config`'s runtime, started
+  (devices, determinism, the strategy, the seeds), with the data checked against it: each
+  batch divisible by the replicas, the splits' batches within memory, a tf.data stream's
+  examples of fixed shape with one label."""
+  from input_pipelines import batching  # pylint: disable=g-import-not-at-top
+  from input_pipelines import memory  # pylint: disable=g-import-not-at-top
+  from input_pipelines import sources  # pylint: disable=g-import-not-at-top
+  from input_pipelines.native_output import native_startup_silenced  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import preemption  # pylint: disable=g-import-not-at-top
+  with native_startup_silenced():
+    if config.runtime.strategy == "multi_worker_mirrored":
+      preemption.end_start_up()  # from the runtime on, workers stop together (agreed)
+    configure(config.runtime)
+    strategy = create_strategy(config.runtime)
+    seed(config.runtime)
+  preemption.reinstall()  # a multi-worker runtime installs a SIGTERM handler of its own
+  if process_runtime.determinism_kept(config.runtime.deterministic):
+    logging.warning("runtime.deterministic=false: an earlier run in this process enabled op "
+                    "determinism, which TensorFlow keeps on for the process: this run's "
+                    "kernels are deterministic too")
+  check_batch_divisible(strategy, config.train.global_batch_size,
+                        config.train.accumulation_steps)
+  chief, processes = is_chief(strategy), num_workers(strategy)
+  memory.check_batches(*splits, train_batch=config.train.global_batch_size if training else None,
+                       eval_batch=config.eval.global_batch_size, processes=processes)
+  for source in splits:  # a tf.data stream: fixed-shape examples, one label, not empty
+    if isinstance(source, sources.StreamSource):
+      batching.check_stream(source)
+  return strategy, chief
 
 
 def check_batch_divisible(strategy: tf.distribute.Strategy, global_batch_size: int,
