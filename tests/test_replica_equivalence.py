@@ -11,7 +11,8 @@ MirroredStrategies of different sizes); weights are read back with plain orbax.
 import numpy as np
 import pytest
 
-from tests.cli import run_python, train_ok
+from tests.cli import train_ok
+from tests.processes import read_checkpoint
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 
@@ -50,17 +51,7 @@ _OPTIMIZERS = {  # name: (flags, tolerance)
 
 
 def _weights(model_dir):
-  code = ("import numpy as np, orbax.checkpoint as ocp\n"
-          f"tree = ocp.PyTreeCheckpointer().restore('{model_dir}/checkpoints/30/model')\n"
-          "flat = {}\n"
-          "def walk(node, path):\n"
-          "  for key, value in node.items():\n"
-          "    walk(value, path + '/' + key) if isinstance(value, dict) else flat.__setitem__(path + '/' + key, value)\n"
-          "walk(tree, '')\n"
-          f"np.savez('{model_dir}/weights.npz', **flat)\n")
-  run_python(code)
-  with np.load(f"{model_dir}/weights.npz") as f:
-    return {key: f[key] for key in f.files}
+  return read_checkpoint(model_dir, 30, items=("model",))
 
 
 @pytest.fixture(scope="module")
