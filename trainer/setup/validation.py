@@ -43,7 +43,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for field in ("model.conv_filters", "model.dense_units", "model.mlp_units",
                 "model.hidden_units", "model.num_outputs"):
     _positive(config, field)
-  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/loop/controller.py)
+  _non_negative(config, "model.num_classes")  # 0: from the data (trainer/supervised/task.py)
   _in_range(config, "model.dropout_rate", 0.0, 1.0, high_inclusive=False)
 
   _positive(config, "model.embedding_dim")
