@@ -322,7 +322,7 @@ def _pipeline() -> dict:
   if _DATA_DIR.value:
     from input_pipelines import records  # pylint: disable=g-import-not-at-top
     source = records.build(ml_collections.ConfigDict({"dir": _DATA_DIR.value}), _SEED)[0]
-  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop/controller.py reads
+  iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop/batches.py reads
       lambda context: batching.train_dataset(source, seed=config.runtime.seed,
                                              global_batch_size=_BATCH.value, start_example=0,
                                              input_context=context, decode_on_device=True)))

@@ -79,9 +79,9 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
         raise
       raise _display_urls(translated) from None
     finally:  # the CLI leaves without them (os._exit); a Python caller's process goes on
-      controller = sys.modules.get("trainer.loop.controller")
-      if controller is not None:
-        controller.join_teardowns()
+      batches = sys.modules.get("trainer.loop.batches")
+      if batches is not None:
+        batches.join_teardowns()
 
 
 def _display_urls(error: BaseException) -> BaseException:

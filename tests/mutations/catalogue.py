@@ -144,7 +144,7 @@ CATALOGUE = [
         name="rollback_rereads_the_bad_batches",
         plants="a rollback restores the checkpoint but re-reads the data that diverged instead "
                "of skipping past it",
-        file="trainer/loop/controller.py",
+        file="trainer/loop/value_checks.py",
         old="    return Position(restored.step, reached.examples)",
         new="    return restored",
         slice=("tests/test_checkpoint_recovery.py::test_rollback_restores_and_skips_ahead_until_"
@@ -283,8 +283,8 @@ CATALOGUE = [
         name="ema_not_served",
         plants="eval and export use the trained weights, not the moving average "
                "(train.ema_decay)",
-        file="trainer/loop/controller.py",
-        old="    if self.config.train.ema_eval:\n      return self.state.averaged_weights()\n",
+        file="trainer/loop/serving.py",
+        old="    if self._config.train.ema_eval:\n      return self._state.averaged_weights()\n",
         new="",
         slice=("tests/test_optimizers.py::test_the_moving_average_is_evaluated_and_exported_and_"
                "training_goes_on_from_the_weights",)),

@@ -29,11 +29,11 @@ from ending. A signal ends it within seconds (the boundary's step saved, exit 42
 one that has not returned after train.action_timeout_seconds ends the run (exit 1),
 in one line naming it and the step. Nor can it end the process: sys.exit there is a
 failure (its step saved, one line, exit 1), KeyboardInterrupt a stop as on SIGINT
-(its step saved, exit 42): trainer/loop/controller.py `_run_user_action`.
+(its step saved, exit 42): trainer/loop/boundary.py `UserActionGuard`.
 
 distloop's own periodic work -- the progress line and TensorBoard, eval, keep-best,
 the checkpoint by steps and by clock, the profile window -- is made of the same
-Actions (trainer/loop/controller.py, `Trainer._builtin_actions`). User actions come from
+Actions (trainer/loop/boundary.py, `BoundaryWork`). User actions come from
 `train.actions` (MODULE:FUNCTION entries, each `FUNCTION(config)` returning an
 Action or a list of them) or from `trainer.run(..., actions=[...])`.
 """

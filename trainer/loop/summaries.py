@@ -225,6 +225,12 @@ class Summaries:
       logging.warning("%s", e)
 
 
+def looks_like_images(features) -> bool:
+  """TensorBoard's input samples: only for one [b, H, W, 1|3|4] array of features."""
+  return (tf.is_tensor(features) and features.shape.rank == 4 and features.shape[-1] in (1, 3, 4)
+          and (features.dtype.is_floating or features.dtype == tf.uint8))
+
+
 def _drop_events_past(path: str, step: int) -> bool:
   """Rewrites the event file `path` without its events past `step` (and a record cut
   short at its end: a killed writer's), if it has any; whether it did. A TFRecord is

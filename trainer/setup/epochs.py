@@ -19,6 +19,7 @@ step: the progress line, TensorBoard's train scalars, metrics.csv.
 import copy
 import dataclasses
 import math
+from typing import Callable
 
 from absl import logging
 
@@ -96,6 +97,20 @@ class Plan:
     """The last step of a run at `step` with `examples` used: whole batches until the
     target is reached (the last one completes it); `step` itself once it is."""
     return step + max(0, -(-(self.target - examples) // self.batch))
+
+  def check_restored(self, step: int, examples: int, steps: int, *,
+                     any_worker: Callable[[bool], bool]) -> None:
+    """The `steps` of the run were counted at start-up from the newest checkpoint's data
+    position (its meta, read as JSON). A restore that fell back to an older step (the
+    newest unreadable, now set aside: `step`, `examples` used) whose data position makes
+    other steps at this batch would end the run off its epochs, or its schedules off
+    their length: refused, and the next run counts from the step restored.
+    `any_worker(refused)`: agreed, every worker stops (trainer/cluster/agreement.py)."""
+    if any_worker(self.final_step(step, examples) != steps):
+      raise UserError(
+          f"train.epochs={self.epochs:g} made {steps} steps from the newest checkpoint, but "
+          f"training resumed from step {step} ({examples} examples used), where they make "
+          f"{self.final_step(step, examples)}: run again to count them from step {step}")
 
 
 def plan(config, train_split) -> Plan | None:

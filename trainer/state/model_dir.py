@@ -140,7 +140,7 @@ def newest_data_position(model_dir: str) -> tuple[int, int] | None:
   Read as plain JSON (`<step>/meta/metadata`, orbax's JsonSave) before the runtime
   starts: train.epochs' steps are counted from this data position. Only the restore
   proves a step readable, so this is what a resume should find; the Trainer refuses
-  a run whose restored position makes other steps (trainer/loop/controller.py)."""
+  a run whose restored position makes other steps (trainer/setup/epochs.py)."""
   try:
     names = os.listdir(checkpoint_dir(model_dir))
   except OSError:
