@@ -7,7 +7,7 @@
 - a command not run here names a config that exists (test_docs checks its flags and fields);
 - the names the docs give distloop's outputs are the code's: the model_dir's files and
   folders (trainer/state/model_dir.py), the exit codes (trainer/errors.py) and the value
-  names a Task's step may not return (trainer/loop/steps.py).
+  names a Task's step may not return (trainer/loop/step_values.py).
 Reads text and source; imports no TensorFlow."""
 import ast
 import re
@@ -94,8 +94,8 @@ def test_the_exit_codes_the_docs_name_are_the_codes_table():
 
 
 def test_the_reserved_value_names_are_the_steps():
-  """docs/tasks.md lists the names a Task's step may not return: trainer/loop/steps.py's."""
-  reserved = _constants("trainer/loop/steps.py")["RESERVED"]
+  """docs/tasks.md lists the names a Task's step may not return: trainer/loop/step_values.py's."""
+  reserved = _constants("trainer/loop/step_values.py")["RESERVED"]
   sentence = re.search(r"names distloop reports itself are reserved: (.*?)\.\s",
                        _page("tasks.md"), re.S).group(1)
   assert set(re.findall(r"`([^`]+)`", sentence)) == set(reserved)

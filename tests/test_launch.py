@@ -428,8 +428,8 @@ class _Ended:
 
 
 def _ended_task(index: int, code: int, *, ended_at: float, lost_peer=False, last_step=None):
-  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
-  task = launch.Task("worker", index, "", _Ended(100 + index, code))
+  from trainer.cluster import launch_tasks  # pylint: disable=g-import-not-at-top
+  task = launch_tasks.Task("worker", index, "", _Ended(100 + index, code))
   task.output_closed = [ended_at, ended_at]  # stdout and stderr closed: it exited then
   task.lost_peer, task.last_step = lost_peer, last_step
   return task
@@ -468,13 +468,13 @@ def test_a_group_failure_blames_the_first_task_to_fail(worker_0, worker_1, blame
 def test_the_relay_notes_the_last_step_and_a_lost_peer():
   """What the launcher's line about a failure says comes from the task's own output."""
   import io  # pylint: disable=g-import-not-at-top
-  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
-  task = launch.Task("worker", 0, "")
+  from trainer.cluster import launch_tasks  # pylint: disable=g-import-not-at-top
+  task = launch_tasks.Task("worker", 0, "")
   pipe = io.BytesIO(b"I1128 06:16:12.7 progress.py:89] step 30/60 | epoch 1.44 | loss 1.9\n"
                     b"I1128 06:16:12.8 controller.py:499] checkpoint at step 40 started\n"
                     b"distloop: error: lost a peer worker at step 30 (UnavailableError: "
                     b"Collective ops is aborted by: Socket closed): ...\n")
   stream = io.StringIO()
-  launch._relay(pipe, stream, task)  # pylint: disable=protected-access
+  launch_tasks.relay(pipe, stream, task)
   assert task.last_step == 30 and task.lost_peer and len(task.output_closed) == 1
   assert stream.getvalue().splitlines()[0].startswith("[worker-0] I1128")

@@ -110,10 +110,10 @@ class _Process:
 def test_the_launcher_ends_when_one_worker_stopped_and_the_other_is_stuck(monkeypatch, other):
   """Catches: a launcher waiting forever (or failing the job) for a worker stuck in a
   collective on a peer that stopped with 42 after a forwarded signal."""
-  from trainer.cluster import launch  # pylint: disable=g-import-not-at-top
+  from trainer.cluster import launch, launch_tasks  # pylint: disable=g-import-not-at-top
   launcher = launch.Launcher("trainer", [], num_workers=2, num_ps=0, max_restarts=0)
-  launcher.tasks = [launch.Task("worker", 0, "", _Process(other)),
-                    launch.Task("worker", 1, "", _Process(42))]
+  launcher.tasks = [launch_tasks.Task("worker", 0, "", _Process(other)),
+                    launch_tasks.Task("worker", 1, "", _Process(42))]
   launcher._stopping = True  # pylint: disable=protected-access
   clock = [0.0]
   monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])

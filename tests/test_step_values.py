@@ -13,7 +13,7 @@ import tensorflow as tf
 import configs
 import trainer
 from trainer.errors import UserError
-from trainer.loop import steps
+from trainer.loop import step_values
 from trainer.state import model_dir as layout
 
 
@@ -77,7 +77,7 @@ def test_a_name_distloop_reports_itself_is_refused_listing_the_reserved_ones(nam
   """Caught: a Task's `learning_rate`, `examples`, `gradient_norm` were overwritten by
   distloop's own in metrics.csv, TensorBoard and summary.json, without a word."""
   with pytest.raises(UserError) as refused:
-    steps.check_values("train_step", {"loss": tf.zeros([4]), name: tf.constant(1.0)}, 4)
+    step_values.check_values("train_step", {"loss": tf.zeros([4]), name: tf.constant(1.0)}, 4)
   assert f"train_step returned {name!r}, a name distloop reports itself" in str(refused.value)
   assert "reserved: examples, step, examples_per_sec" in str(refused.value)
 
@@ -85,10 +85,10 @@ def test_a_name_distloop_reports_itself_is_refused_listing_the_reserved_ones(nam
 def test_per_example_values_and_scalars_pass():
   values = {"loss": tf.zeros([4]), "penalty": tf.constant(0.5), "learning_rate_warmup": 1.0}
   with pytest.raises(UserError):  # the pattern learning_rate_*
-    steps.check_values("train_step", values, 4)
+    step_values.check_values("train_step", values, 4)
   del values["learning_rate_warmup"]
-  assert steps.check_values("train_step", values, 4) is values
-  assert steps.check_values("eval_step", {"my_examples": tf.zeros([4])}, None)
+  assert step_values.check_values("train_step", values, 4) is values
+  assert step_values.check_values("eval_step", {"my_examples": tf.zeros([4])}, None)
 
 
 def test_a_rank_1_value_not_per_example_is_refused_when_traced(tmp_path):

@@ -351,7 +351,7 @@ def translate(error: BaseException) -> Exception | None:
                      "one of them to false")
   match = re.search(r"assertion failed: \[(\w+ returned .+? of length \d+ on a batch of \d+ "
                     r"examples: .+? \(a scalar\))\]", text)
-  if match:  # a per-example value's length, checked as the step ran (trainer/loop/steps.py)
+  if match:  # a per-example value's length, checked as the step ran (trainer/loop/step_values.py)
     return UserError(match.group(1).replace("\\'", "'"))
   match = re.search(r"DataError: (.+)", text)
   if match and not isinstance(error, input_pipelines.DataError):

@@ -57,7 +57,8 @@ class UserCodeHung(Exception):
 
 
 # How a worker's one line about a lost peer begins; the launcher reads it in the relayed
-# output (a task that lost a peer is not the cause of a group failure: trainer/cluster/launch.py).
+# output (a task that lost a peer is not the cause of a group failure:
+# trainer/cluster/launch_tasks.py).
 PEER_LOST = "lost a peer worker"
 
 

@@ -42,13 +42,9 @@ lost a peer) before the group is killed and restarted. A trainer flag
 --preempted_exit_code=N (see trainer/errors.py) replaces 42 here too: the trainers
 exit N when preempted, and so does the job.
 """
-import ctypes
-import dataclasses
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -58,6 +54,8 @@ from absl import app
 from absl import flags
 
 from trainer import errors  # no TensorFlow
+from trainer.cluster import launch_tasks  # each process: ports, cores, its output, its end
+from trainer.cluster.launch_tasks import Task, first_failure
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
 
 _POLL_SEC = 0.1
@@ -69,12 +67,6 @@ _STRAGGLER_SEC = 60.0  # longer than a preemption save: the chief may still be w
 # After a synchronous worker failed, the others have this long to end by themselves (their
 # collective on it fails at once when its sockets close) before they are killed.
 _SURVIVOR_SEC = 3.0
-_PIPES = 2  # stdout and stderr: a task's output ended when both closed (it exited)
-# The progress line a trainer logs after each loop (trainer/loop/progress.py).
-_STEP_LOGGED = re.compile(r"\] step (\d+)/\d+ \|")
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
 
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "worker processes (required)",
                                     lower_bound=1)
@@ -90,120 +82,13 @@ _TRAINER_MODULE = flags.DEFINE_string(
     "<trainer flags>`: distloop's trainer, or your own entry point wrapping it (e.g. one that "
     "sets up logging or credentials first)")
 
-_output_lock = threading.Lock()
-
-
-def _emit(stream, line: str) -> None:
-  """Whole lines under one lock, so the output of N processes never interleaves mid-line."""
-  with _output_lock:
-    stream.write(line if line.endswith("\n") else line + "\n")
-    stream.flush()
-
 
 def _log(message: str) -> None:
-  _emit(sys.stderr, f"[launch] {message}")
-
-
-def _relay(pipe, stream, task: "Task") -> None:
-  """Copies a task's output, prefixed with its name; notes what the launcher's line about
-  its failure uses: the last step it logged, whether it said it lost a peer, and when its
-  output ended (both pipes close when it exits: the order of exits, finer than a poll)."""
-  prefix = f"[{task.name}] "
-  with pipe:
-    for raw in iter(pipe.readline, b""):
-      line = raw.decode(errors="replace")
-      step = _STEP_LOGGED.search(line)
-      if step:
-        task.last_step = int(step.group(1))
-      if errors.PEER_LOST in line:
-        task.lost_peer = True
-      _emit(stream, prefix + line)
-  task.output_closed.append(time.monotonic())
-
-
-def _describe(code: int) -> str:
-  """"exited with 1", "was killed by SIGKILL"."""
-  if code >= 0:
-    return f"exited with {code}"
-  return f"was killed by {_SIGNAL_NAMES.get(-code, f'signal {-code}')}"
-
-
-def _core_share(processes: int) -> dict:
-  """Each process's share of this machine's cores (DISTLOOP_CORES, read by
-  trainer/cluster/runtime.py): N processes that each ran every op on every core would
-  oversubscribe them N times. Not where the user set TF_NUM_INTRAOP_THREADS (theirs
-  decides); under runtime.deterministic the trainer's config decides instead, so that
-  the sums do not depend on how many processes share the machine."""
-  if os.environ.get("TF_NUM_INTRAOP_THREADS"):
-    return {}
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"DISTLOOP_CORES": str(max(1, (cores or 1) // max(1, processes)))}
-
-
-def _free_ports(count: int) -> list[int]:
-  """Holds all the sockets until every port is picked (no duplicates), then frees them."""
-  sockets = []
-  try:
-    for _ in range(count):
-      sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-      sockets[-1].bind(("127.0.0.1", 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
-
-
-def _die_with(launcher_pid: int):
-  """preexec_fn: the kernel SIGKILLs the child when the launcher dies, even by SIGKILL."""
-  def preexec():
-    if _LIBC is not None:
-      _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
-      os.kill(os.getpid(), signal.SIGKILL)
-  return preexec
+  launch_tasks.emit(sys.stderr, f"[launch] {message}")
 
 
 class GroupFailed(Exception):
   """A failure that only a restart of every process fixes (the message says which task)."""
-
-
-@dataclasses.dataclass
-class Task:
-  """One process of the job; `process` is replaced when the task is restarted."""
-  type: str  # chief, worker, ps or evaluator
-  index: int
-  address: str
-  process: subprocess.Popen | None = None
-  # Of the current process, from its output (_relay):
-  last_step: int | None = None  # the last step it logged
-  lost_peer: bool = False  # it said its collective failed on a peer that is gone
-  output_closed: list[float] = dataclasses.field(default_factory=list)  # per pipe, when
-  relays: list[threading.Thread] = dataclasses.field(default_factory=list)
-
-  @property
-  def name(self) -> str:
-    return f"{self.type}-{self.index}"
-
-  @property
-  def ended_at(self) -> float:
-    """When its output ended (it exited); infinity while it has not (yet) been read to
-    the end."""
-    return max(self.output_closed) if len(self.output_closed) >= _PIPES else float("inf")
-
-  def ended(self) -> str:
-    """One phrase: who and how, e.g. "worker-1 (pid 7) was killed by SIGKILL after logging
-    step 200"."""
-    step = f" after logging step {self.last_step}" if self.last_step is not None else ""
-    return f"{self.name} (pid {self.process.pid}) {_describe(self.process.returncode)}{step}"
-
-
-def first_failure(failed: list[Task]) -> Task:
-  """The task whose end made the others fail, among those that failed in one poll (0.1
-  s): a worker killed or crashed makes its peers' collectives fail within milliseconds.
-  Not one that said it lost a peer; one killed by a signal before one that exited
-  (its peers' exit 1 follows from it); then the first to exit; then the task order."""
-  return min(failed, key=lambda task: (task.lost_peer, task.process.returncode >= 0,
-                                       task.ended_at))
 
 
 class Launcher:
@@ -223,7 +108,7 @@ class Launcher:
     self.tasks: list[Task] = []  # the training cluster, restarted as a group
     # Outside the group: one port for the whole job, started once.
     self.evaluators = [Task("evaluator", i, f"127.0.0.1:{port}")
-                       for i, port in enumerate(_free_ports(num_evaluators))]
+                       for i, port in enumerate(launch_tasks.free_ports(num_evaluators))]
     self._evaluator_failures: dict[str, str] = {}
     self._evaluators_stopped = False  # by the launcher, training having ended without 0
     self._cluster: dict[str, list[str]] = {}
@@ -268,7 +153,8 @@ class Launcher:
       counts = {"chief": 1, "worker": self.num_workers, "ps": self.num_ps}
     else:
       counts = {"worker": self.num_workers}
-    ports = iter(_free_ports(sum(counts.values())))  # new ports: the old ones may linger
+    # New ports: the old ones may linger.
+    ports = iter(launch_tasks.free_ports(sum(counts.values())))
     self.tasks = [Task(kind, i, f"127.0.0.1:{next(ports)}")
                   for kind, count in counts.items() for i in range(count)]
     self._cluster = {kind: [t.address for t in self.tasks if t.type == kind] for kind in counts}
@@ -284,16 +170,17 @@ class Launcher:
     """Same command, same TF_CONFIG each time: a restarted task rejoins on its old port."""
     tf_config = {"cluster": self._cluster, "task": {"type": task.type, "index": task.index}}
     env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1",
-           **_core_share(len(self.tasks) + len(self.evaluators))}
+           **launch_tasks.core_share(len(self.tasks) + len(self.evaluators))}
     task.last_step, task.lost_peer, task.output_closed, task.relays = None, False, [], []
     # A session of its own: Ctrl-C in a terminal reaches the launcher only, which decides
     # who gets it (not the parameter servers, which would die under the coordinator).
     task.process = subprocess.Popen(self.command, env=env, cwd=os.getcwd(),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, preexec_fn=_die_with(os.getpid()))
+                                    start_new_session=True,
+                                    preexec_fn=launch_tasks.die_with(os.getpid()))
     _log(f"started {task.name} (pid {task.process.pid}) at {task.address}")
     for pipe, stream in ((task.process.stdout, sys.stdout), (task.process.stderr, sys.stderr)):
-      relay = threading.Thread(target=_relay, args=(pipe, stream, task), daemon=True)
+      relay = threading.Thread(target=launch_tasks.relay, args=(pipe, stream, task), daemon=True)
       relay.start()
       task.relays.append(relay)
       self._relays.append(relay)
@@ -394,9 +281,9 @@ class Launcher:
       if asked and (code == self.preempted or -code in (*self._forwarded, signal.SIGTERM,
                                                         signal.SIGKILL)):
         continue  # stopped as asked
-      self._evaluator_failures[task.name] = _describe(code)
-      _log(f"{task.name} {_describe(code)}; training goes on without it (the job's exit "
-           f"code is training's)")
+      self._evaluator_failures[task.name] = launch_tasks.describe(code)
+      _log(f"{task.name} {launch_tasks.describe(code)}; training goes on without it (the job's "
+           f"exit code is training's)")
 
   def _finish_evaluators(self, code: int) -> None:
     """After training: waits for the evaluators to evaluate the final step (training

@@ -21,7 +21,7 @@ _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mix
 
 
 # The launcher's word on how many cores each process it starts on this machine may use
-# (trainer/cluster/launch.py); a process without it takes every core it may run on.
+# (trainer/cluster/launch_tasks.py); a process without it takes every core it may run on.
 CORES_ENV = "DISTLOOP_CORES"
 
 

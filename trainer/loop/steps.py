@@ -21,9 +21,11 @@ holding the first replica's value (`replicas_agree`), so what eval reports, what
 is kept best and exported, and what the checkpoint holds are one set of
 statistics; the first replica's values never depend on when that happens, so a
 resumed run still equals an uninterrupted one.
+
+What a step may return (per-example values or per-step scalars, no reserved name) is
+checked in trainer/loop/step_values.py.
 """
 import contextlib
-import fnmatch
 
 import keras
 import tensorflow as tf
@@ -31,7 +33,7 @@ from tensorflow.python.distribute import values as distribute_values  # pylint: 
 
 from input_pipelines import autograph_scope
 from trainer.cluster import runtime
-from trainer.errors import UserError
+from trainer.loop import step_values
 
 
 class Sums:
@@ -70,7 +72,7 @@ class Sums:
     for name in self.names:
       value = tf.cast(values[name], tf.float64)
       sums.append(value * count if value.shape.rank == 0 else
-                  tf.reduce_sum(_per_example(self.what, name, value, count)))
+                  tf.reduce_sum(step_values.per_example(self.what, name, value, count)))
     zero, one = tf.constant(0.0, tf.float64), tf.constant(1.0, tf.float64)
     counts_norms = _counts_norms()
     for name in self.norm_names:
@@ -159,70 +161,6 @@ def _example_count(batch):
           else tf.cast(tf.shape(first)[0], tf.float64))
 
 
-# Names distloop reports itself next to a step's values (the example count, the learning
-# rates, the throughput, the gradient norms, the epoch, summary.json's train_/eval_time_sec,
-# the eval mode's step): a value of the same name would be overwritten by distloop's, or
-# overwrite it.
-RESERVED = ("examples", "step", "examples_per_sec", "steps_per_sec", "time_sec",
-            "learning_rate", "learning_rate_*", "gradient_norm", "*_gradient_norm", "epoch")
-
-
-def is_reserved(name: str) -> bool:
-  return any(fnmatch.fnmatchcase(name, pattern) for pattern in RESERVED)
-
-
-def check_values(what: str, values, batch_size: int | None = None,
-                 lengths_must_be_static: bool = False) -> dict:
-  """A step's return value, at trace time: {name: per-example [batch] or scalar}, no
-  name distloop reports itself. `batch_size`: the traced batch's static size, which a
-  per-example value's static length must equal (an unknown length is checked when the
-  step runs: Sums.of_batch). `lengths_must_be_static`: the step runs as one XLA cluster, which
-  cannot hold that run-time check, so an unknown length is refused here."""
-  if not isinstance(values, dict) or not all(isinstance(name, str) for name in values):
-    kind = "a tensor" if tf.is_tensor(values) else type(values).__name__
-    raise UserError(f"{what} returned {kind}; it returns a dict of named "
-                    f"per-example values ({{'loss': per_example_loss, ...}})")
-  for name, value in values.items():
-    if is_reserved(name):
-      raise UserError(f"{what} returned {name!r}, a name distloop reports itself; rename it "
-                      f"(reserved: {', '.join(RESERVED)})")
-    if not tf.is_tensor(value) and not isinstance(value, (float, int)):
-      raise UserError(f"{what} returned {name!r} as {type(value).__name__}, not a tensor")
-    shape = tf.convert_to_tensor(value).shape
-    if shape.rank not in (0, 1):
-      raise UserError(f"{what} returned {name!r} of rank {shape.rank}: values are per "
-                      f"example (shape [batch]) or per step (a scalar)")
-    if shape.rank == 1 and None not in (shape[0], batch_size) and shape[0] != batch_size:
-      raise UserError(_wrong_length(what, name, shape[0], batch_size))
-    if shape.rank == 1 and shape[0] is None and lengths_must_be_static:
-      raise UserError(f"{what} returned {name!r} of a length unknown when traced: with the "
-                      f"whole step under XLA (runtime.jit_compile) it cannot be checked as "
-                      f"the step runs; give it the batch's length (tf.ensure_shape(value, "
-                      f"[batch_size])) or set runtime.jit_compile=false")
-  return values
-
-
-def _wrong_length(what: str, name: str, length, batch_size) -> str:
-  return (f"{what} returned {name!r} of length {length} on a batch of {batch_size} "
-          f"examples: values are per example (shape [batch]) or per step (a scalar)")
-
-
-def _per_example(what: str, name: str, value, count):
-  """`value` [n], checked to hold one value per example of the batch (`count`, float64)
-  when either length is unknown at trace time (an eval batch), by an assertion that runs
-  with the step (api.translate makes its failure the one line); static lengths were
-  checked when the step was traced (check_values)."""
-  length, batch_size = value.shape[0], tf.get_static_value(count)
-  if length is not None and batch_size is not None:
-    return value
-  length = tf.shape(value, out_type=tf.int64)[0]
-  batch = tf.cast(count, tf.int64)
-  message = tf.strings.format(_wrong_length(what, name.replace("{", "(").replace("}", ")"),
-                                            "{}", "{}"), (length, batch))
-  with tf.control_dependencies([tf.debugging.Assert(tf.equal(length, batch), [message])]):
-    return tf.identity(value)
-
-
 def discover(step_fn, batch_spec, what: str, strategy=None, check=None,
              lengths_must_be_static: bool = False) -> tuple[list, dict, list]:
   """(the names the step returns, in order; the context's gradient norms by name; the
@@ -230,15 +168,15 @@ def discover(step_fn, batch_spec, what: str, strategy=None, check=None,
   tracing `step_fn(batch) -> (values, norms)` once in a throwaway graph: nothing runs.
   With a `strategy` it is traced in a replica context, as it will run; a static batch
   size in `batch_spec` checks the per-example values' lengths here (`lengths_must_be_static`: see
-  check_values). `check(what, trace)` traces it instead (TaskState.check_step: the trace
+  step_values.check_values). `check(what, trace)` traces it instead (TaskState.check_step: the trace
   is checked against the task's checkpointed state)."""
   found = {}
 
   def replica_probe(batch):
     values, norms = step_fn(batch)
     _, labels = batch
-    found["values"] = check_values(what, values, tf.nest.flatten(labels)[0].shape[0],
-                                   lengths_must_be_static)
+    found["values"] = step_values.check_values(
+        what, values, tf.nest.flatten(labels)[0].shape[0], lengths_must_be_static)
     found["norms"] = norms
     return tf.constant(0)
 

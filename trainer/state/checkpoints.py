@@ -16,6 +16,9 @@ Only the chief constructs a writing manager (several writers would destroy each
 other's temporaries); every process may restore. Restores are shape-checked
 against the live model first: orbax silently ignores a wrong target shape, and
 this check is also what refuses a model_dir written by another model.
+
+Another run's model weights (checkpoint.init_from, BuildContext.load_weights) are read
+through a read-only manager of this module by trainer/state/model_weights.py.
 """
 import os
 
@@ -69,23 +72,24 @@ def variables_tree(keyed_variables: dict) -> dict:
 def assign_tree(keyed_variables: dict, tree: dict) -> None:
   """The arrays of `tree` into the variables of the same keys (a sharded variable's whole
   value is split over its shards by the assignment)."""
-  flat = _flatten(tree)
+  flat = flatten(tree)
   for key, variable in keyed_variables.items():
     variable.assign(flat[key])
 
 
 def non_finite_keys(tree: dict) -> list[str]:
   """Keys of floating-point arrays holding NaN or Inf (such state is never saved)."""
-  return [key for key, value in _flatten(tree).items()
+  return [key for key, value in flatten(tree).items()
           if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all()]
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{'mnist_cnn/conv/kernel': ndarray, ...}: variables_tree's nesting undone."""
   flat = {}
   for key, value in tree.items():
     path = f"{prefix}/{key}" if prefix else key
     if isinstance(value, dict):
-      flat.update(_flatten(value, path))
+      flat.update(flatten(value, path))
     else:
       flat[path] = value
   return flat
@@ -216,7 +220,7 @@ class Checkpoints:
     with self._read_failures(step):
       restored = self._settled().restore(step, args=ocp.args.Composite(
           model=ocp.args.StandardRestore()))
-      return _flatten(restored["model"])
+      return flatten(restored["model"])
 
   @contextlib.contextmanager
   def _read_failures(self, step: int):
@@ -354,83 +358,7 @@ def _open_every_file(step_dir: str) -> None:
 
 
 def _nbytes(tree: dict) -> int:
-  return sum(int(np.asarray(value).nbytes) for value in _flatten(tree).values())
-
-
-def read_model_weights(path: str, model_target: dict, *, partial: bool = False,
-                       who: str = "checkpoint.init_from", ours: str = "this config",
-                       advice: str | None = None) -> tuple[dict, str, list[str]]:
-  """Model weights from a model_dir, its checkpoints/ or one checkpoints/<step>/ (warm start).
-
-  Returns ({key: array} to load, the step directory read, what was skipped). Without
-  `partial`, every key and shape must match (a mismatch: UserError naming the first
-  and suggesting checkpoint.init_partial). With it, only the variables of
-  `model_target` found there with their shape are returned (see `_matching`), the
-  others listed as skipped (a new head); UserError if none matches. `who` starts each
-  error (the field or call that asked), `ours` names the side being loaded, `advice`
-  ends a mismatch's line.
-  """
-  path = os.path.abspath(mirror.staged_checkpoints(path, who))
-  if os.path.isdir(layout.checkpoint_dir(path)):  # a model_dir
-    path = layout.checkpoint_dir(path)
-  step = None
-  if os.path.isdir(os.path.join(path, "model")):  # one step directory
-    path, step = os.path.split(path)
-    step = int(step) if step.isdigit() else None
-  source = Checkpoints(path, max_to_keep=1, async_save=False, writer=False)
-  try:
-    step = step if step is not None else source.latest_step()
-    if step is None:
-      raise UserError(f"{who}: no checkpoint in {path}")
-    where = os.path.join(path, str(step))
-    if partial:
-      model_tree, skipped = _matching(where, source.restore_model_as_stored(step), model_target)
-    else:
-      model_tree, _, _ = source.restore(
-          step, model_target, None, ours=ours, who=who,
-          advice=advice or "to load only the weights whose name and shape match (fine-"
-                           "tuning with a new head), set checkpoint.init_partial=true")
-      model_tree, skipped = _flatten(model_tree), []
-  except CorruptCheckpoint as e:
-    raise UserError(f"{who}: cannot read {e}") from None
-  finally:
-    source.close()
-  return model_tree, where, skipped
-
-
-def _matching(where: str, stored: dict, target: dict) -> tuple[dict, list[str]]:
-  """(the flat {key: array} of `target`'s keys found in `stored` with their shape, the
-  skipped keys with why).
-
-  A key is `<model>/<layer>/.../<variable>` (trainer/state/keys.py). A model
-  built by another builder may have another top-level name (`cnn` fine-tuned as
-  `classifier`), so a key not found as it is is looked up by what follows the model
-  name, where that part names one variable on each side.
-  """
-  wanted = _flatten(target)
-  def by_rest(keys):
-    rests = {}
-    for key in keys:
-      rests.setdefault(key.split("/", 1)[-1], []).append(key)
-    return {rest: keys[0] for rest, keys in rests.items() if len(keys) == 1}
-  stored_by_rest, wanted_by_rest = by_rest(stored), by_rest(wanted)
-  loaded, skipped = {}, []
-  for key, value in wanted.items():
-    rest = key.split("/", 1)[-1]
-    found = key if key in stored else (
-        stored_by_rest.get(rest) if wanted_by_rest.get(rest) == key else None)
-    if found is None:
-      skipped.append(f"{key} (not in the checkpoint)")
-    elif tuple(np.shape(stored[found])) != tuple(np.shape(value)):
-      skipped.append(f"{key} (shape {tuple(np.shape(stored[found]))} there, "
-                     f"{tuple(np.shape(value))} here)")
-    else:
-      loaded[key] = stored[found]
-  if not loaded:
-    raise UserError(f"checkpoint.init_from: no variable of {where} matches this model by name "
-                    f"and shape (e.g. {skipped[0] if skipped else 'this model has none'}); "
-                    f"name your layers as in the model that wrote it")
-  return loaded, skipped
+  return sum(int(np.asarray(value).nbytes) for value in flatten(tree).values())
 
 
 def _check_matches(where: str, stored_tree, target: dict,
@@ -438,8 +366,8 @@ def _check_matches(where: str, stored_tree, target: dict,
                    who: str = "") -> None:
   """UserError unless the stored arrays have the keys and shapes of `target` (`ours`)."""
   who = f"{who}: " if who else ""
-  stored = {k: tuple(v.shape) for k, v in _flatten(stored_tree or {}).items()}
-  wanted = {k: tuple(np.shape(v)) for k, v in _flatten(target).items()}
+  stored = {k: tuple(v.shape) for k, v in flatten(stored_tree or {}).items()}
+  wanted = {k: tuple(np.shape(v)) for k, v in flatten(target).items()}
   missing = sorted(set(wanted) - set(stored))
   extra = sorted(set(stored) - set(wanted))
   if missing or extra:

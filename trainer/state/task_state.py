@@ -272,9 +272,10 @@ def load_model_weights(model, path: str) -> None:
   model_dir (or its checkpoints/ or one checkpoints/<step>/). UserError if they do not
   match."""
   from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top  (orbax)
+  from trainer.state import model_weights  # pylint: disable=g-import-not-at-top
   variables = keys.model_variables(keys.model_names([model]))
   # Its errors name this call, not checkpoint.init_from (a field the user never set).
-  loaded, _, _ = checkpoints.read_model_weights(
+  loaded, _, _ = model_weights.read_model_weights(
       path, checkpoints.variables_tree(variables),
       who=f"load_weights({model.name!r}, {path!r})", ours=f"model {model.name!r}",
       advice=f"pass load_weights a model built as the one that wrote {path} (the same "

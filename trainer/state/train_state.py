@@ -37,6 +37,7 @@ from trainer.state import checkpoints
 from trainer.state import config_changes
 from trainer.state import elastic
 from trainer.state import model_dir as layout
+from trainer.state import model_weights
 from trainer.state import write_echoes
 
 
@@ -153,7 +154,7 @@ class TrainState:
     source = self._config.checkpoint.init_from
     if source:
       model_variables = self._model_variables
-      loaded, item, skipped = checkpoints.read_model_weights(
+      loaded, item, skipped = model_weights.read_model_weights(
           source, checkpoints.variables_tree(model_variables),
           partial=self._config.checkpoint.init_partial)
       checkpoints.assign_tree({key: model_variables[key] for key in loaded}, loaded)
