@@ -128,3 +128,10 @@ def test_start_up_checks_and_plug_in_loading_import_no_tensorflow():
   result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
   assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+def test_no_module_of_trainer_is_over_450_lines():
+  """A module a reader takes in at one sitting: one job each (docs/layout.md)."""
+  long = {str(path.relative_to(REPO)): count for path in sorted((REPO / "trainer").rglob("*.py"))
+          if (count := len(path.read_text().splitlines())) > 450}
+  assert not long
