@@ -11,7 +11,6 @@ counted over the same batches the runs train on (no timing). Prints a Markdown
 table: medians, ranges, paired ratios.
 """
 import json
-import os
 import statistics
 import sys
 import tempfile

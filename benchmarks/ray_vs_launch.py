@@ -102,7 +102,7 @@ def main(argv):
   for kind, name in (("launch", "trainer.launch --num_workers=2"),
                      ("ray", "examples/ray_train.py --num_workers=2")):
     mine = [row for k, row in rows if k == kind]
-    def each(key, digits):
+    def each(key, digits, mine=mine):
       return " / ".join(f"{row[key]:.{digits}f}" for row in mine)
     print(f"| {name} | {len(mine)} | {each('start_sec', 1)} | {each('examples_per_sec', 0)} | "
           f"{each('wall_sec', 1)} |")

@@ -12,7 +12,7 @@ _QUICK = ["--config=synthetic", "--config.train.steps=20", "--config.train.steps
 
 @pytest.mark.parametrize("flags, message", [
     (["--config.model.name=no_such_module:build"], "cannot import no_such_module"),
-    ([f"--config.model.name=/no/such/file.py:build"], "no such file /no/such/file.py"),
+    (["--config.model.name=/no/such/file.py:build"], "no such file /no/such/file.py"),
     ([f"--config.model.name={_BAD}:missing"], "has no 'missing'"),
     ([f"--config.model.name={_BAD}:raising_model"], "raised RuntimeError: cannot build"),
     ([f"--config.model.name={_BAD}:not_a_model"], "returned str, not a keras.Model"),

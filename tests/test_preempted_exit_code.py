@@ -7,7 +7,7 @@ import pytest
 
 from tests.cli import run_trainer
 from tests.processes import TrainerProcess
-from tests.test_launch import _launch, _launched, state_dir  # pylint: disable=unused-import
+from tests.test_launch import _launch, _launched, state_dir  # noqa: F401  (a fixture)
 from trainer import errors
 
 _FLAGS = ["--config=synthetic", "--config.train.steps=40", "--config.train.global_batch_size=32",

@@ -35,7 +35,6 @@ import shutil
 import signal
 import time
 
-import numpy as np
 import pytest
 
 from tests.cli import run_trainer
