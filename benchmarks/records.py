@@ -85,8 +85,8 @@ def _drop_page_cache() -> str | None:
 
 def _random_reads(data_dir: str, flat_dir: str) -> tuple[float, float]:
   """records/s of random batches: array_record (distloop's reader) vs flat file + pread."""
-  from input_pipelines import manifest as manifest_lib  # pylint: disable=g-import-not-at-top
-  from input_pipelines import shards  # pylint: disable=g-import-not-at-top
+  from input_pipelines.records import manifest as manifest_lib  # pylint: disable=g-import-not-at-top
+  from input_pipelines.records import shards  # pylint: disable=g-import-not-at-top
   manifest = manifest_lib.read(data_dir)
   shard = manifest.splits["train"][0]
   path = os.path.join(data_dir, shard["file"])

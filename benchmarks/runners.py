@@ -90,7 +90,7 @@ def _setup():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from configs import synthetic  # pylint: disable=g-import-not-at-top
   import input_pipelines  # pylint: disable=g-import-not-at-top
-  from input_pipelines import synthetic as synthetic_data  # pylint: disable=g-import-not-at-top
+  from input_pipelines.datasets import synthetic as synthetic_data  # pylint: disable=g-import-not-at-top
   config = synthetic.get_config()
   with config.unlocked():
     config.model.name, config.model.mlp_units = _MODEL.value, _MLP_UNITS.value
@@ -320,7 +320,7 @@ def _pipeline() -> dict:
   # on the device by the train step.
   source = splits.sources("synthetic")[0]
   if _DATA_DIR.value:
-    from input_pipelines import records  # pylint: disable=g-import-not-at-top
+    from input_pipelines.records import records  # pylint: disable=g-import-not-at-top
     source = records.build(ml_collections.ConfigDict({"dir": _DATA_DIR.value}), _SEED)[0]
   iterator = iter(strategy.distribute_datasets_from_function(  # as trainer/loop/batches.py reads
       lambda context: batching.train_dataset(source, seed=config.runtime.seed,

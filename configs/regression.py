@@ -5,7 +5,7 @@ predicting their mean scores an MSE of about 1) and the model gets below 0.05:
 
   python -m trainer --config=regression --model_dir=/tmp/distloop/regression
   # your own table: a CSV with a header row, numeric cells and the target in `label`
-  # (or a .npz, or a folder with train.csv and test.csv; see input_pipelines/table.py):
+  # (or a .npz, or a folder with train.csv and test.csv; see input_pipelines/datasets/table.py):
   python -m trainer --config=regression --model_dir=/tmp/distloop/my_regression \
       --config.data.dir=/path/to/table.csv --config.data.label_column=price
 """

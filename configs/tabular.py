@@ -4,7 +4,7 @@ Offline, a few seconds of training; reaches >= 0.95 eval binary accuracy:
 
   python -m trainer --config=tabular --model_dir=/tmp/distloop/tabular
   # your own table: a CSV with a header row, numeric cells and a 0/1 column `label`
-  # (or a .npz, or a folder with train.csv and test.csv; see input_pipelines/table.py):
+  # (or a .npz, or a folder with train.csv and test.csv; see input_pipelines/datasets/table.py):
   python -m trainer --config=tabular --model_dir=/tmp/distloop/my_table \
       --config.data.dir=/path/to/table.csv --config.data.label_column=label
 """

@@ -9,6 +9,12 @@ callable returning a tf.data.Dataset). Builders run before the TensorFlow
 runtime starts: they load or index data, they do not run TensorFlow ops, so bad
 files are reported in a second. `input_pipelines.batching` turns the sources into
 the tf.data streams the trainer consumes; it owns the order.
+
+Where things live: the core stream here at the top (sources, order, batching,
+padding, buckets, memory; errors, autograph_scope, native_output, read_log), the
+built-in datasets in input_pipelines/datasets/, the records format and its
+converter in input_pipelines/records/ (`python -m input_pipelines.convert`).
+datasets/ imports the core, records/ imports both, the core neither (tests/test_layout.py).
 """
 import importlib
 
@@ -16,14 +22,14 @@ from input_pipelines.errors import DataError
 from input_pipelines.sources import Source, StreamSource, as_splits
 
 _MODULES = {  # name -> (module, function); imported on first use
-    "synthetic": ("input_pipelines.synthetic", "build_sources"),
-    "mnist": ("input_pipelines.mnist", "build_mnist_sources"),
-    "fashion_mnist": ("input_pipelines.mnist", "build_fashion_mnist_sources"),
-    "tabular": ("input_pipelines.table", "build_tabular"),
-    "regression": ("input_pipelines.table", "build_regression"),
-    "image_folder": ("input_pipelines.image_folder", "build"),
-    "records": ("input_pipelines.records", "build"),
-    "recommender": ("input_pipelines.recommender", "build"),
+    "synthetic": ("input_pipelines.datasets.synthetic", "build_sources"),
+    "mnist": ("input_pipelines.datasets.mnist", "build_mnist_sources"),
+    "fashion_mnist": ("input_pipelines.datasets.mnist", "build_fashion_mnist_sources"),
+    "tabular": ("input_pipelines.datasets.table", "build_tabular"),
+    "regression": ("input_pipelines.datasets.table", "build_regression"),
+    "image_folder": ("input_pipelines.datasets.image_folder", "build"),
+    "records": ("input_pipelines.records.records", "build"),
+    "recommender": ("input_pipelines.datasets.recommender", "build"),
 }
 
 

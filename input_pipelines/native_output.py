@@ -1,5 +1,5 @@
 """TensorFlow's native output, hidden unless --verbosity=1: the converter
-(input_pipelines/convert.py) and the trainer (trainer/cli/logs.py) both load TensorFlow.
+(input_pipelines/records/convert.py) and the trainer (trainer/cli/logs.py) both load TensorFlow.
 
 TensorFlow's C++ log level is read when it is imported, and TensorFlow 2.21
 prints its start-up lines (oneDNN, CUDA probing) before absl::InitializeLog, so

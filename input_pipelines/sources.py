@@ -12,7 +12,7 @@
    resumed run fast-forwards it; see input_pipelines/batching.py).
 
 Converted data on disk (`data.name='records'`) is a fourth, built-in form,
-`input_pipelines.records.RecordSource`. Every form but the stream is an
+`input_pipelines.records.records.RecordSource`. Every form but the stream is an
 `IndexableSource`: batching reads any set of rows through the same three
 methods, so the order (input_pipelines/order.py) is the same for all of them.
 

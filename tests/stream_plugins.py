@@ -2,7 +2,7 @@
 is a callable returning a shuffled tf.data.Dataset, rebuilt the same every time."""
 import numpy as np
 
-from input_pipelines import synthetic
+from input_pipelines.datasets import synthetic
 
 
 def shuffled_stream(data_config, seed):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from input_pipelines import batching
-from input_pipelines.splits import Splits
+from input_pipelines.datasets.splits import Splits
 
 
 def _splits(n_train=100, n_test=23):

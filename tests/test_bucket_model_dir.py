@@ -788,7 +788,7 @@ def test_the_bucket_export_serves_what_eval_reports(trained, object_store, tmp_p
   serving_default classifies the eval split as --mode=eval scored it. Catches an export
   put incompletely (saved_model.pb without its variables) or not at all."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from input_pipelines import synthetic  # pylint: disable=import-outside-toplevel
+  from input_pipelines.datasets import synthetic  # pylint: disable=import-outside-toplevel
   export = _download(object_store, f"{trained.url}/export/20", tmp_path / "export")
   serve = tf.saved_model.load(export).signatures["serving_default"]
   config = _config()

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from input_pipelines import convert
-from input_pipelines import convert_inputs
-from input_pipelines import records
+from input_pipelines.records import convert
+from input_pipelines.records import convert_inputs
+from input_pipelines.records import records
 from input_pipelines.errors import DataError
 from tests.cli import REPO
 
@@ -329,7 +329,7 @@ def test_a_csv_converts_to_the_same_bytes_as_the_whole_table_reader(tmp_path, mo
     test = (csv / "test.csv").read_text().replace("\n", "\r\n")
     (csv / "test.csv").write_bytes(test.encode())
   try:  # small chunks: many of them, a quoted row in the middle of one
-    from input_pipelines import csv_rows  # pylint: disable=g-import-not-at-top
+    from input_pipelines.datasets import csv_rows  # pylint: disable=g-import-not-at-top
     monkeypatch.setattr(csv_rows, "CHUNK_CHARS", 4096)
   except ImportError:  # the whole-table reader (how the golden hashes were made)
     pass
@@ -345,7 +345,7 @@ def test_converting_a_csv_holds_a_chunk_not_the_file(tmp_path):
   rows = 200_000
   csv = _write_table(tmp_path / "table.csv", rows, [f"c{i}" for i in range(23)] + ["label"])
   size = os.path.getsize(csv)  # 34 MB
-  from input_pipelines import features  # pylint: disable=g-import-not-at-top
+  from input_pipelines.records import features  # pylint: disable=g-import-not-at-top
   features.encoder({})  # its imports are not the data's memory
   tracemalloc.start()
   try:

@@ -115,7 +115,7 @@ def _defined_flags(*modules):
 
 TRAINER_FLAGS = _defined_flags("trainer/cli/main.py") | ABSL_FLAGS
 LAUNCH_FLAGS = _defined_flags("trainer/cluster/launch.py") | ABSL_FLAGS
-CONVERT_FLAGS = _defined_flags("input_pipelines/convert.py") | ABSL_FLAGS
+CONVERT_FLAGS = _defined_flags("input_pipelines/records/convert.py") | ABSL_FLAGS
 
 
 def _flag_names(args):

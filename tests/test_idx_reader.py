@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from input_pipelines import DataError
-from input_pipelines import idx
-from input_pipelines import mnist
+from input_pipelines.datasets import idx
+from input_pipelines.datasets import mnist
 from tests.cli import FASHION_MNIST_DIR, MNIST_TEST_DIR
 
 # Published facts about the MNIST test set: its first labels and its class counts.

@@ -8,8 +8,8 @@ import PIL.Image
 import pytest
 
 from configs import image_folder as image_folder_config
-from input_pipelines import image_folder
 from input_pipelines import sources
+from input_pipelines.datasets import image_folder
 from input_pipelines.errors import DataError
 from tests import cli
 

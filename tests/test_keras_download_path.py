@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from input_pipelines import DataError
-from input_pipelines import mnist
+from input_pipelines.datasets import mnist
 
 
 class _EmptyDir:

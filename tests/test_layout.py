@@ -29,6 +29,35 @@ def test_lower_packages_import_nothing_from_trainer(package):
   assert not {path: names for path, names in upward.items() if names}
 
 
+# input_pipelines/ grouped by job: the records format and its converter over the built-in
+# datasets (the converter reads their formats), both over the core stream at the top.
+_PIPELINE_GROUPS = ("records", "datasets", "core")
+
+
+def _pipeline_group(module: str) -> str | None:
+  parts = module.split(".")
+  if parts[0] != "input_pipelines":
+    return None
+  return parts[1] if len(parts) > 1 and parts[1] in _PIPELINE_GROUPS else "core"
+
+
+def test_imports_inside_input_pipelines_point_one_way():
+  """The core imports neither datasets/ nor records/ (the registry names its builders as
+  strings, imported on first use), datasets/ nothing from records/; input_pipelines/convert.py
+  only keeps the documented command, `python -m input_pipelines.convert`."""
+  upward = []
+  for path in sorted((REPO / "input_pipelines").rglob("*.py")):
+    relative = path.relative_to(REPO)
+    if relative.as_posix() == "input_pipelines/convert.py":
+      continue
+    own = _pipeline_group(".".join(relative.with_suffix("").parts))
+    for name in _imported_modules(path):
+      group = _pipeline_group(name)
+      if group is not None and _PIPELINE_GROUPS.index(group) < _PIPELINE_GROUPS.index(own):
+        upward.append(f"{relative} imports {name}")
+  assert not upward
+
+
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
 # else in one of seven places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}

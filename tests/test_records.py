@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from input_pipelines import batching
-from input_pipelines import convert
-from input_pipelines import convert_inputs
-from input_pipelines import records
+from input_pipelines.records import convert
+from input_pipelines.records import convert_inputs
+from input_pipelines.records import records
 from input_pipelines.sources import ArraySource
 from tests.cli import FASHION_MNIST_DIR, run_trainer, train_ok
 from tests.processes import assert_same_state, checkpoint_arrays

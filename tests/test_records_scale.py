@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from input_pipelines import convert
-from input_pipelines import convert_inputs
+from input_pipelines.records import convert
+from input_pipelines.records import convert_inputs
 from tests.cli import REPO
 from tests.processes import assert_same_state, checkpoint_arrays
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from configs import synthetic as synthetic_config
-from input_pipelines import synthetic
+from input_pipelines.datasets import synthetic
 
 
 def _data_config():

@@ -7,7 +7,7 @@ import pytest
 
 from configs import regression as regression_config
 from configs import tabular as tabular_config
-from input_pipelines import table
+from input_pipelines.datasets import table
 from input_pipelines.errors import DataError
 from tests.cli import run_trainer, train_ok
 

@@ -113,7 +113,7 @@ def _classified(probabilities, labels, prefix="") -> dict:
 
 
 def _synthetic_eval():
-  from input_pipelines import synthetic  # pylint: disable=import-outside-toplevel
+  from input_pipelines.datasets import synthetic  # pylint: disable=import-outside-toplevel
   splits = synthetic.build(_DATA, seed=0)
   return (splits.test_images.astype(np.float32) / 255.0)[..., None], splits.test_labels
 

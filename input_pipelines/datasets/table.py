@@ -29,8 +29,8 @@ import os
 import ml_collections
 import numpy as np
 
-from input_pipelines import csv_rows
-from input_pipelines import option_names
+from input_pipelines.datasets import csv_rows
+from input_pipelines.datasets import option_names
 from input_pipelines.errors import DataError
 
 Split = tuple[np.ndarray, np.ndarray]

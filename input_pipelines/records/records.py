@@ -1,7 +1,7 @@
 """`data.name='records'`: converted data on disk (`data.dir` = the converter's --output).
 
 Nothing is loaded: `build` reads manifest.json and checks every shard's size
-and record count (input_pipelines/manifest.py), then decodes the first record
+and record count (input_pipelines/records/manifest.py), then decodes the first record
 of each split against the manifest's feature spec (in Python: a multi-worker
 runtime must not start before its strategy), so a folder that is not
 converted data, a shard that is missing, truncated or does not match the
@@ -10,7 +10,7 @@ training starts.
 
 A `RecordSource` reads only the rows it is asked for: the rows of a batch,
 grouped by shard, each shard's in file order, through shared thread-safe
-readers (input_pipelines/shards.py); decoding (`features.decode`) runs in
+readers (input_pipelines/records/shards.py); decoding (`features.decode`) runs in
 TensorFlow on the batch. Record k of a split is example k of the input it was
 converted from, so the trajectory is the one of that input in memory.
 """
@@ -19,10 +19,10 @@ import os
 import ml_collections
 import numpy as np
 
-from input_pipelines import features as features_lib
-from input_pipelines import manifest as manifest_lib
-from input_pipelines import shards
 from input_pipelines.errors import DataError
+from input_pipelines.records import features as features_lib
+from input_pipelines.records import manifest as manifest_lib
+from input_pipelines.records import shards
 from input_pipelines.sources import IndexableSource
 
 

@@ -1,7 +1,7 @@
 """What the converter reads: each input format as a feature spec and splits of records.
 
 An `Input` says everything the converter needs before it writes anything: the
-feature spec and label key (input_pipelines/features.py), the number of
+feature spec and label key (input_pipelines/records/features.py), the number of
 examples of each split, a way to iterate its serialized records from any
 example on (to resume a conversion), and a fingerprint of the input (paths,
 sizes, modification times, options), so a re-run knows it is converting the
@@ -9,15 +9,17 @@ same thing. Building an Input reads or lists the input and checks it: bad input
 is a DataError here, before the output folder exists.
 
 Formats, and the readers they reuse:
-  idx           a folder of the four MNIST IDX files (input_pipelines/mnist.py)
+  idx           a folder of the four MNIST IDX files (input_pipelines/datasets/mnist.py)
   npz           an mnist.npz-style file (x_train, y_train, x_test, y_test)
   csv           a table: a .csv/.npz file or a folder with train.csv/test.csv
-                (input_pipelines/table.py; --label names the label column); a CSV
-                is read in chunks (input_pipelines/csv_rows.py): once to check
-                every cell and count the rows, then again per split as it is
-                written, so memory holds a chunk (and which rows are held out)
+                (input_pipelines/datasets/table.py; --label names the label
+                column); a CSV is read in chunks (input_pipelines/datasets/
+                csv_rows.py): once to check every cell and count the rows, then
+                again per split as it is written, so memory holds a chunk (and
+                which rows are held out)
   image_folder  data.dir/train/<class>/<image> [and test/] (input_pipelines/
-                image_folder.py); the encoded files are stored, decoded when read
+                datasets/image_folder.py); the encoded files are stored, decoded
+                when read
   tfrecord      TFRecord files of tf.train.Example (--input and --eval_input
                 globs, --features the spec, --label its label key); copied as is
 """
@@ -33,11 +35,11 @@ from typing import Callable, Iterator
 import ml_collections
 import numpy as np
 
-from input_pipelines import csv_rows
-from input_pipelines import features as features_lib
-from input_pipelines import option_names
-from input_pipelines import progress as progress_lib
+from input_pipelines.datasets import csv_rows
+from input_pipelines.datasets import option_names
 from input_pipelines.errors import DataError
+from input_pipelines.records import features as features_lib
+from input_pipelines.records import progress as progress_lib
 
 _VALIDATE_BATCH = 256  # TFRecord records parsed at a time while converting
 
@@ -96,7 +98,7 @@ def from_examples(spec: dict, label: str, splits: dict, *, fingerprint: str,
   """Your own data, in Python: `splits` = {"train": (N, example), "eval": (M, example)},
   `example(i) -> {key: numpy array}` (an image's encoded bytes for encoding "image");
   `fingerprint` names this data (a re-run with another one is refused). Write it with
-  `input_pipelines.convert.convert(from_examples(...), output_dir)`."""
+  `input_pipelines.records.convert.convert(from_examples(...), output_dir)`."""
   spec = features_lib.check(spec, label, "from_examples")
   if set(splits) != {"train", "eval"}:
     raise DataError(f"from_examples: splits must be 'train' and 'eval', got {sorted(splits)}")
@@ -105,7 +107,7 @@ def from_examples(spec: dict, label: str, splits: dict, *, fingerprint: str,
 
 
 def idx(path: str, options: Options, fmt: str = "idx") -> Input:
-  from input_pipelines import mnist  # pylint: disable=g-import-not-at-top
+  from input_pipelines.datasets import mnist  # pylint: disable=g-import-not-at-top
   splits = mnist.load_files(path)
   spec = features_lib.check({
       "images": {"encoding": "raw", "dtype": "uint8", "shape": [28, 28, 1], "cast": "float32",
@@ -131,7 +133,7 @@ def npz(path: str, options: Options) -> Input:
 
 
 def csv(path: str, options: Options) -> Input:
-  from input_pipelines import table  # pylint: disable=g-import-not-at-top
+  from input_pipelines.datasets import table  # pylint: disable=g-import-not-at-top
   names = option_names.CONVERTER
   train_path, test_path = table.files(path, names)
   if not all(p.endswith(".csv") for p in (train_path, test_path) if p):
@@ -216,7 +218,7 @@ def _count_rows(path: str, columns: list, show_progress: bool) -> int:
 
 def _npz_table(path: str, options: Options) -> Input:
   """A table in .npz files: read whole (an .npz is not read in parts)."""
-  from input_pipelines import table  # pylint: disable=g-import-not-at-top
+  from input_pipelines.datasets import table  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"dir": path, "label_column": options.label,
                                       "eval_fraction": options.eval_fraction})
   (train_path, train), (eval_path, evaluation) = table.load_files(
@@ -238,7 +240,7 @@ def _npz_table(path: str, options: Options) -> Input:
 
 
 def image_folder(path: str, options: Options) -> Input:
-  from input_pipelines import image_folder as folder  # pylint: disable=g-import-not-at-top
+  from input_pipelines.datasets import image_folder as folder  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"dir": path, "image_size": options.image_size,
                                       "channels": options.channels,
                                       "eval_fraction": options.eval_fraction})

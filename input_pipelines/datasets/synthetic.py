@@ -8,7 +8,7 @@ pixel gives the label away.
 import ml_collections
 import numpy as np
 
-from input_pipelines.splits import Splits
+from input_pipelines.datasets.splits import Splits
 
 _MAX_SHIFT = 2
 _BLOBS_PER_CLASS = 4

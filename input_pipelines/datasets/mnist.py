@@ -4,9 +4,9 @@ import os
 import ml_collections
 import numpy as np
 
-from input_pipelines import idx
+from input_pipelines.datasets import idx
+from input_pipelines.datasets.splits import Splits
 from input_pipelines.errors import DataError
-from input_pipelines.splits import Splits
 
 _IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

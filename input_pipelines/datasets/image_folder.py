@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from input_pipelines import option_names
+from input_pipelines.datasets import option_names
 from input_pipelines.errors import DataError
 
 EXTENSIONS = (".png", ".jpg", ".jpeg")

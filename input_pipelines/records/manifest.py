@@ -1,7 +1,7 @@
 """manifest.json: the index of a converted dataset -- its shards, their checks, its features.
 
     {"format": "distloop-records/1",
-     "features": {key: spec, ...}, "label": key,     (input_pipelines/features.py)
+     "features": {key: spec, ...}, "label": key,     (input_pipelines/records/features.py)
      "splits": {"train": [shard, ...], "eval": [shard, ...]},
      "metadata": {"from": ..., "input": ..., ...},   (what it was converted from)
      "fingerprint": ...}                              (of the input; the converter's resume key)
@@ -18,9 +18,9 @@ import dataclasses
 import json
 import os
 
-from input_pipelines import features as features_lib
-from input_pipelines import shards
 from input_pipelines.errors import DataError
+from input_pipelines.records import features as features_lib
+from input_pipelines.records import shards
 
 NAME = "manifest.json"
 FORMAT = "distloop-records/1"
