@@ -330,11 +330,11 @@ def _pipeline() -> dict:
   @tf.function
   def drain(num_steps):  # consumed as the train loop consumes it: next() in a tf.range
     for _ in tf.range(num_steps):
-      next(iterator)  # stateful: kept although unused
+      next(iterator)  # stateful: kept although unused  # noqa: F821  (deleted below, after its last call)
 
   def run(num_steps):
     for _ in range(num_steps // _STEPS_PER_LOOP.value):
-      drain(tf.constant(_STEPS_PER_LOOP.value))
+      drain(tf.constant(_STEPS_PER_LOOP.value))  # noqa: F821  (as above)
 
   if _COLD.value:
     drain(tf.constant(1))  # tracing and the first reads

@@ -18,7 +18,6 @@ checks, numpy and /proc only:
 A tf.data stream (StreamSource) has no length or example size before it runs:
 it is not checked here.
 """
-import os
 
 from input_pipelines.errors import DataError
 from input_pipelines.sources import IndexableSource, Source

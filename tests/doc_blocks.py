@@ -38,7 +38,7 @@ class Block:
   def commands(self) -> list[str]:
     """The block's shell commands: continuations joined, comments and blank lines dropped."""
     lines = self.body.replace("\\\n", " ").splitlines()
-    return [" ".join(line.split()) for line in (re.sub(r"(^|\s)#.*", "", l) for l in lines)
+    return [" ".join(line.split()) for line in (re.sub(r"(^|\s)#.*", "", text) for text in lines)
             if line.strip()]
 
 

@@ -75,7 +75,7 @@ def test_one_reduction_per_step_outside_the_micro_batch_loop(tmp_path):
                              capture_output=True, text=True, cwd=REPO, env=user_environment(),
                              timeout=600)
   assert completed.returncode == 0, completed.stderr[-3000:]
-  line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULT "))
+  line = next(text for text in completed.stdout.splitlines() if text.startswith("RESULT "))
   result = json.loads(line[len("RESULT "):])
   assert "accumulate_micro_batches" in result["loops"], result
   assert len(result["calls"]) == 2, result  # one per replica (2), in the step's one trace

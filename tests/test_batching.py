@@ -155,10 +155,10 @@ def test_a_stream_source_resumes_by_skipping_to_its_position():
   def labels(start_example, steps):
     dataset = batching.train_dataset(stream, seed=0, global_batch_size=3,
                                      start_example=start_example)
-    return [l.numpy().tolist() for _, l in dataset.take(steps)]
+    return [labels.numpy().tolist() for _, labels in dataset.take(steps)]
   assert labels(0, 4) == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2, 3, 4]]
   assert labels(6, 2) == [[6, 0, 1], [2, 3, 4]]
-  eval_batches = [l.numpy().tolist() for _, l in batching.eval_dataset(stream, global_batch_size=3)]
+  eval_batches = [labels.numpy().tolist() for _, labels in batching.eval_dataset(stream, global_batch_size=3)]
   assert eval_batches == [[0, 1, 2], [3, 4, 5], [6]]
 
 

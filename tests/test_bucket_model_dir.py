@@ -548,7 +548,7 @@ def test_two_simultaneous_takeovers_of_an_expired_lease_one_wins(in_process, tmp
     barrier = threading.Barrier(2)
     results = [None, None]
 
-    def take(i):
+    def take(i, barrier=barrier, results=results):
       barrier.wait()
       try:
         results[i] = BucketLease.acquire(mirrors[i], 3.0)

@@ -72,6 +72,6 @@ def test_the_launcher_takes_the_configured_code_as_preempted(state_dir):  # pyli
 def test_the_launcher_refuses_a_bad_code_in_one_line(state_dir):  # pylint: disable=redefined-outer-name
   result = _launch(state_dir, "--num_workers=2", task_flags=["--preempted_exit_code=1"])
   assert result.returncode == 2, result.stderr
-  (line,) = [l for l in result.stderr.splitlines() if l.strip()]
+  (line,) = [text for text in result.stderr.splitlines() if text.strip()]
   assert line.startswith("distloop.launch: error: --preempted_exit_code=1")
   assert not _launched(result.stderr)

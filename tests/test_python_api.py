@@ -61,7 +61,7 @@ def test_one_process_trains_resumes_and_trains_another_config(tmp_path):
       [sys.executable, "-c", _SCRIPT, str(tmp_path / "run"), str(tmp_path / "other")],
       capture_output=True, text=True, cwd=REPO, env=user_environment(), timeout=600)
   assert completed.returncode == 0, completed.stderr[-4000:]
-  line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULTS "))
+  line = next(text for text in completed.stdout.splitlines() if text.startswith("RESULTS "))
   results = json.loads(line[len("RESULTS "):])
   assert results["first"] == 20
   assert results["resumed"] == 40

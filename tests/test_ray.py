@@ -185,7 +185,7 @@ def test_trainer_run_off_the_main_thread_installs_no_handler(tmp_path):
   completed = subprocess.run([sys.executable, "-c", _THREAD, str(tmp_path / "run")], cwd=REPO,
                              env=user_environment(), capture_output=True, text=True, timeout=600)
   assert completed.returncode == 0, completed.stderr[-4000:]
-  line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULTS "))
+  line = next(text for text in completed.stdout.splitlines() if text.startswith("RESULTS "))
   results = json.loads(line[len("RESULTS "):])
   assert results == {"step": 10, "handler": True}, (results, completed.stderr[-3000:])
   assert "no signal handler installed (not the main thread" in completed.stderr
@@ -198,7 +198,7 @@ def test_the_docs_show_the_whole_example():
     page = f.read()
   body = code[code.index("import sys"):]
   assert f"```python\n{body}```" in page
-  assert len([l for l in body.splitlines() if l.strip()]) <= 15
+  assert len([text for text in body.splitlines() if text.strip()]) <= 15
 
 
 def test_a_preemption_notice_saves_once_per_notice():

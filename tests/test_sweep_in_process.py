@@ -70,7 +70,7 @@ def test_a_sweep_in_one_process_equals_fresh_processes_and_refuses_what_tensorfl
       [sys.executable, "-c", _SWEEP, str(tmp_path), json.dumps(_FLAGS), json.dumps(_RUNS)],
       capture_output=True, text=True, cwd=REPO, env=user_environment(), timeout=600)
   assert completed.returncode == 0, completed.stderr[-4000:]
-  line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULTS "))
+  line = next(text for text in completed.stdout.splitlines() if text.startswith("RESULTS "))
   results = json.loads(line[len("RESULTS "):])
 
   # Each model after the first finishes (it died in a collective: "Shape mismatch in the
@@ -120,7 +120,7 @@ def test_what_tensorflow_fixes_for_the_process_is_refused_in_one_line(tmp_path):
       [sys.executable, "-c", _REFUSALS, str(tmp_path), json.dumps(_FLAGS)],
       capture_output=True, text=True, cwd=REPO, env=user_environment(), timeout=600)
   assert completed.returncode == 0, completed.stderr[-4000:]
-  line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULTS "))
+  line = next(text for text in completed.stdout.splitlines() if text.startswith("RESULTS "))
   results = json.loads(line[len("RESULTS "):])
   assert "not divisible by the 2 replicas" in results["odd_batch"], results
   # One strategy per device set for the process: a second one's collective keys would
@@ -162,7 +162,7 @@ def test_two_workers_of_one_cluster_sweep_models_in_their_processes(tmp_path):
   *outputs, first, second = json.loads(completed.stdout.strip().splitlines()[-1])
   assert first == second == 0, completed.stderr[-4000:]
   for output in outputs:
-    line = next(l for l in output.splitlines() if l.startswith("RESULTS "))
+    line = next(text for text in output.splitlines() if text.startswith("RESULTS "))
     assert json.loads(line[len("RESULTS "):]) == {"dense_32": 4, "dense_64": 4}, output
   train_ok(tmp_path / "local", *_cli_flags(runs["dense_64"]))  # 2 mirrored replicas
   assert_same_state(read_checkpoint(tmp_path / "dense_64", 4),

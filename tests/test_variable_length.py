@@ -90,7 +90,7 @@ def test_every_training_batch_is_padded_to_its_own_rows(pad_to):
   assert dataset.element_spec[0].shape.as_list() == [4, None]  # its rows known, its length not
   lengths = np.array([len(e) for e in x])
   seen = []
-  for features, labels in dataset.take(30):
+  for features, _ in dataset.take(30):
     features = features.numpy()
     assert features.dtype == np.int32 and features.shape[0] == 4
     longest = _lengths(features).max()
@@ -123,7 +123,7 @@ def test_preprocess_outputs_of_new_lengths_are_padded_again_per_batch():
   source = sources.ArraySource(x, y, where="test", padding=padding.Padding())
   keep = 7  # the function keeps at most 7 tokens (every sequence has 5..200)
   dataset = batching.train_dataset(source, seed=3, global_batch_size=8, start_example=0,
-                                   preprocess=lambda f, l, seed: (f[:keep], l))
+                                   preprocess=lambda f, labels, seed: (f[:keep], labels))
   for features, _ in dataset.take(8):
     features = features.numpy()
     assert features.shape[1] == _lengths(features).max() <= keep

@@ -86,7 +86,7 @@ def main(argv):
       raise Interrupted(f"interrupted while reading {_INPUT.value}, before anything was "
                         f"written") from None
     with native_output.native_startup_silenced():
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
+      import tensorflow  # noqa: F401  its start-up lines silenced here  pylint: disable=g-import-not-at-top,unused-import,import-outside-toplevel
     return convert(source, _OUTPUT.value, shard_bytes=_SHARD_MB.value << 20,
                    compress=_COMPRESS.value)
   except DataError as e:

@@ -139,6 +139,7 @@ def csv(path: str, options: Options) -> Input:
   if not all(p.endswith(".csv") for p in (train_path, test_path) if p):
     return _npz_table(path, options)
   headers = []  # (file, its columns): both headers checked before any file is read through
+  train_features = None  # the train file's, read first
   for file in (train_path, test_path):
     if file is not None:
       columns = csv_rows.read_header(file)
