@@ -41,9 +41,9 @@ def _examples_per_sec(model: str, window: int, steps: int) -> float:
   with tempfile.TemporaryDirectory(prefix="distloop_bucketing_") as model_dir:
     command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}",
                *_flags(model, window, steps)]
-    _, stderr, code, _ = throughput._run_child(command, "onednn")  # pylint: disable=protected-access
+    _, stderr, code, _ = throughput.run_child(command, "onednn")
     if code != 0:
-      raise throughput._failure(command, code, stderr)  # pylint: disable=protected-access
+      raise throughput.failure(command, code, stderr)
     boundaries = throughput.loop_boundaries(stderr)
   (first_step, first_time), (last_step, last_time) = boundaries[0], boundaries[-1]
   return (last_step - first_step) * _BATCH / (last_time - first_time)
@@ -71,7 +71,7 @@ def main(argv):
   del argv
   from configs import common  # pylint: disable=g-import-not-at-top
   window, steps = common.base_config().data.bucket_window, _STEPS.value
-  repeats = throughput._REPEATS.value  # pylint: disable=protected-access
+  repeats = throughput.REPEATS.value
   before_pad, after_pad = _padding_fraction(0, steps), _padding_fraction(window, steps)
   print(f"padded / real tokens over the {steps} batches: {before_pad:.2f} without bucketing, "
         f"{after_pad:.2f} with data.bucket_window={window}")

@@ -28,7 +28,7 @@ def _in(directory: str, batch: int, replicas: int, steps: int) -> float:
   here = os.getcwd()
   os.chdir(directory)  # `python -m trainer` imports the checkout it runs in
   try:
-    return throughput._distloop(batch, replicas, steps, workers=_WORKERS.value,  # pylint: disable=protected-access
+    return throughput.distloop(batch, replicas, steps, workers=_WORKERS.value,
                                 extra_flags=tuple(_TRAINER_FLAGS.value))["examples_per_sec"]  # pylint: disable=protected-access
   finally:
     os.chdir(here)
@@ -38,15 +38,15 @@ def main(argv):
   del argv
   baseline, current = os.path.abspath(_BASELINE.value), os.getcwd()
   print(f"distloop at {baseline} (before) vs {current} (after); "
-        f"{throughput._REPEATS.value} alternating rounds", file=sys.stderr)  # pylint: disable=protected-access
+        f"{throughput.REPEATS.value} alternating rounds", file=sys.stderr)
   print("| batch | replicas | before ex/s (range) | after ex/s (range) | after / before "
         "(paired range) |")
   print("|---|---|---|---|---|")
-  for batch in map(int, throughput._BATCHES.value):  # pylint: disable=protected-access
-    for replicas in map(int, throughput._REPLICAS.value):  # pylint: disable=protected-access
-      steps = throughput._steps(batch)  # pylint: disable=protected-access
+  for batch in map(int, throughput.BATCHES.value):
+    for replicas in map(int, throughput.REPLICAS.value):
+      steps = throughput.steps_of(batch)
       before, after = [], []
-      for _ in range(throughput._REPEATS.value):  # pylint: disable=protected-access
+      for _ in range(throughput.REPEATS.value):
         before.append(_in(baseline, batch, replicas, steps))
         after.append(_in(current, batch, replicas, steps))
       ratios = [a / b for a, b in zip(after, before)]

@@ -57,11 +57,11 @@ import time
 from absl import app
 from absl import flags
 
-_BATCHES = flags.DEFINE_list("batches", ["32", "256"], "global batch sizes")
-_REPLICAS = flags.DEFINE_list("replicas", ["1", "2"],
+BATCHES = flags.DEFINE_list("batches", ["32", "256"], "global batch sizes")
+REPLICAS = flags.DEFINE_list("replicas", ["1", "2"],
                               "replica counts: 1 = default strategy, N = mirrored on N "
                               "logical CPU devices")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "fresh-process repeats of every measurement")
+REPEATS = flags.DEFINE_integer("repeats", 3, "fresh-process repeats of every measurement")
 _STEPS = flags.DEFINE_integer("steps", 1000,
                               "training steps of a run at batch 32 (~8 s on a 2-core CPU); at "
                               "batch B, steps * sqrt(32 / B) in whole loops, so every run "
@@ -108,7 +108,7 @@ def _onednn_env(kernels: str) -> str:
   return "1" if kernels == "onednn" else "0"
 
 
-def _run_child(command: list[str], kernels: str) -> tuple[str, str, int, float]:
+def run_child(command: list[str], kernels: str) -> tuple[str, str, int, float]:
   """(stdout, stderr, exit code, peak RSS in MB) of `command`, run to its end with
   `kernels` ("onednn" or "eigen") as TensorFlow's CPU kernels."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS=_onednn_env(kernels))
@@ -123,7 +123,7 @@ def _run_child(command: list[str], kernels: str) -> tuple[str, str, int, float]:
             process.returncode, usage.ru_maxrss / 1024)
 
 
-def _failure(command: list[str], code: int, stderr: str) -> SystemExit:
+def failure(command: list[str], code: int, stderr: str) -> SystemExit:
   tail = "\n".join(stderr.splitlines()[-20:])
   return SystemExit(f"{' '.join(command)}\nexited {code}:\n{tail}")
 
@@ -136,16 +136,16 @@ def _runner(name: str, batch: int, replicas: int, steps: int, *extra: str,
              f"--batch={batch}", f"--replicas={replicas}", f"--steps={steps}",
              f"--steps_per_loop={_STEPS_PER_LOOP.value}", f"--model={_MODEL.value}",
              f"--mlp_units={_MLP_UNITS.value}", *extra]
-  stdout, stderr, code, peak_rss_mb = _run_child(command, kernels or _CPU_KERNELS.value)
+  stdout, stderr, code, peak_rss_mb = run_child(command, kernels or _CPU_KERNELS.value)
   for line in reversed(stdout.splitlines()):
     if line.startswith("RESULT ") and code == 0:
       return {**json.loads(line[len("RESULT "):]), "peak_rss_mb": peak_rss_mb}
     if line.startswith("ERROR ") and may_fail:
       return {"error": line[len("ERROR "):]}
-  raise _failure(command, code, stderr)
+  raise failure(command, code, stderr)
 
 
-def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 0,
+def distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 0,
               workers: int = 1, extra_flags: tuple = ()) -> dict:
   """One run of the distloop CLI, exactly as a user types it, in a fresh model_dir; with
   `workers` > 1, `python -m trainer.launch --num_workers=N` on a private loopback network
@@ -166,9 +166,9 @@ def _distloop(batch: int, replicas: int, steps: int, checkpoint_interval: int = 
       command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
                  sys.executable, "-m", "trainer.launch", f"--num_workers={workers}", "--",
                  *trainer_flags, f"--config.runtime.num_cpu_devices={replicas}"]
-    _, stderr, code, peak_rss_mb = _run_child(command, _CPU_KERNELS.value)
+    _, stderr, code, peak_rss_mb = run_child(command, _CPU_KERNELS.value)
     if code != 0:
-      raise _failure(command, code, stderr)
+      raise failure(command, code, stderr)
     with open(os.path.join(model_dir, "summary.json")) as f:
       summary = json.load(f)
     boundaries = loop_boundaries(stderr)
@@ -233,7 +233,7 @@ def _peers() -> tuple[list[str], str | None]:
 # -- the plan ----------------------------------------------------------------
 
 
-def _steps(batch: int) -> int:
+def steps_of(batch: int) -> int:
   """Steps of a run at `batch`: about as long as --steps at batch 32, whole loops."""
   loop = _STEPS_PER_LOOP.value
   base = _QUICK_STEPS if _QUICK.value else _STEPS.value
@@ -243,7 +243,7 @@ def _steps(batch: int) -> int:
 
 def _sweep_steps(batch: int) -> int:
   """fit's settings are compared on shorter runs, but never under four loops."""
-  return max(_steps(batch) // 2 // _STEPS_PER_LOOP.value * _STEPS_PER_LOOP.value,
+  return max(steps_of(batch) // 2 // _STEPS_PER_LOOP.value * _STEPS_PER_LOOP.value,
              4 * _STEPS_PER_LOOP.value)
 
 
@@ -287,7 +287,7 @@ def _spread(runs: list[dict], key: str = "examples_per_sec") -> str:
 
 def _measure_training(batch: int, replicas: int, repeats: int, peers: list[str]) -> dict:
   """fit's settings, then `repeats` rounds of distloop and the `peers` (fit, bare, orbit)."""
-  steps = _steps(batch)
+  steps = steps_of(batch)
   settings, best = {}, None
   for setting in _fit_settings() if "fit" in peers else []:  # one process each: a failure
     # must not poison the next
@@ -304,7 +304,7 @@ def _measure_training(batch: int, replicas: int, repeats: int, peers: list[str])
 
   runs = {"distloop": [], "fit": [], "bare": [], "bare_xla": [], "orbit": []}
   for repeat in range(repeats):
-    runs["distloop"].append(_distloop(batch, replicas, steps))
+    runs["distloop"].append(distloop(batch, replicas, steps))
     if "fit" not in peers:
       pass
     elif repeat == 0 and (_QUICK.value or len(_fit_settings()) == 1):  # the one setting's run
@@ -331,12 +331,12 @@ def _measure_checkpoint_cost(batch: int, replicas: int, repeats: int,
                              training_runs: list[dict]) -> dict:
   """Alternating runs with a checkpoint every --checkpoint_interval steps and without
   (a smoke test reuses the training runs of that batch for the latter)."""
-  steps = _steps(batch)
+  steps = steps_of(batch)
   runs = {"with": [], "without": []}
   for i in range(repeats):
-    runs["with"].append(_distloop(batch, replicas, steps, _CHECKPOINT_INTERVAL.value))
+    runs["with"].append(distloop(batch, replicas, steps, _CHECKPOINT_INTERVAL.value))
     runs["without"].append(training_runs[i] if _QUICK.value else
-                           _distloop(batch, replicas, steps))
+                           distloop(batch, replicas, steps))
     _progress(f"  checkpoint every {_CHECKPOINT_INTERVAL.value} / at the end only: "
               f"{runs['with'][-1]['examples_per_sec']:.0f} / "
               f"{runs['without'][-1]['examples_per_sec']:.0f} ex/s")
@@ -607,8 +607,8 @@ _NOTES = """## What differs between them
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  repeats = 1 if _QUICK.value else _REPEATS.value
-  batches, replica_counts = [int(b) for b in _BATCHES.value], [int(r) for r in _REPLICAS.value]
+  repeats = 1 if _QUICK.value else REPEATS.value
+  batches, replica_counts = [int(b) for b in BATCHES.value], [int(r) for r in REPLICAS.value]
   for batch in batches:
     for replicas in replica_counts:
       if batch % replicas:
@@ -625,7 +625,7 @@ def main(argv):
       training[batch, replicas] = _measure_training(batch, replicas, repeats, peers)
   for batch in batches if _PIPELINE.value else []:
     for replicas in replica_counts:
-      pipeline[batch, replicas] = [_runner("pipeline", batch, replicas, _steps(batch))
+      pipeline[batch, replicas] = [_runner("pipeline", batch, replicas, steps_of(batch))
                                    for _ in range(repeats)]
       _progress(f"pipeline: batch {batch}, {replicas} replica(s): "
                 f"{_median(pipeline[batch, replicas]):.0f} ex/s")
