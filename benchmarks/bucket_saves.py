@@ -4,7 +4,7 @@ wall time of a 1-step run (docs/performance.md, "A bucket model_dir").
     python -m benchmarks.bucket_saves [--repeats=5]
 
 Run from the repository root with the `[test]` extra installed: it starts the test suite's
-emulators (fake-gcs-server, moto's S3 server; tests/object_stores.py) on 127.0.0.1. An
+emulators (fake-gcs-server, moto's S3 server; tests/support/object_stores.py) on 127.0.0.1. An
 emulator on the same machine measures distloop's own work per save (the staging write,
 one request per file, the marker), not a network: add the store's latency per request
 and the bandwidth of the upload for a real bucket.
@@ -69,7 +69,7 @@ def _one_step_run(model_dir: str, env: dict) -> float:
 def main(argv):
   del argv
   sys.path.insert(0, _REPO)
-  from tests.object_stores import Store  # pylint: disable=g-import-not-at-top
+  from tests.support.object_stores import Store  # pylint: disable=g-import-not-at-top
   weights, optimizer = _cnn_state()
   work = tempfile.mkdtemp(prefix="bucket_saves_")
   stores = {scheme: Store(scheme, os.path.join(work, scheme)) for scheme in ("gs", "s3")}

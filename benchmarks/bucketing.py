@@ -1,6 +1,6 @@
 """Length bucketing on and off: `python -m benchmarks.bucketing [--repeats=5]`.
 
-The workload: token sequences of length 5..200 (tests/sequence_plugins.py),
+The workload: token sequences of length 5..200 (tests/plugins/sequence_plugins.py),
 `data.pad_to=32,64,128`, a masked-mean model and a GRU, global batch 64. Per
 model, fresh `python -m trainer` processes alternate between
 `data.bucket_window=0` (before: each batch padded to its longest, ~the data's
@@ -24,13 +24,13 @@ _STEPS = flags.DEFINE_integer("bucket_steps", 300, "training steps per run")
 _ONLY = flags.DEFINE_list("bucket_models", [], "model names to run (default: all)")
 _BATCH = 64
 _PAD_TO = "32,64,128"
-_MODELS = {"masked mean": "tests.sequence_plugins:masked_mean",
-           "GRU(8)": "tests.guarantees.workloads:embedding_gru"}
+_MODELS = {"masked mean": "tests.plugins.sequence_plugins:masked_mean",
+           "GRU(8)": "tests.guarantees.workloads.variable_length_gru:embedding_gru"}
 
 
 def _flags(model: str, window: int, steps: int) -> list[str]:
   return ["--config=synthetic", f"--config.model.name={model}",
-          "--config.data.name=tests.sequence_plugins:numpy_sequences",
+          "--config.data.name=tests.plugins.sequence_plugins:numpy_sequences",
           "--config.data.num_train_examples=8192", "--config.data.num_eval_examples=64",
           f"--config.data.pad_to={_PAD_TO}", f"--config.data.bucket_window={window}",
           f"--config.train.global_batch_size={_BATCH}", f"--config.train.steps={steps}",
@@ -53,7 +53,7 @@ def _padding_fraction(window: int, steps: int) -> float:
   """Padded over real tokens of the first `steps` training batches, as the run reads them."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from input_pipelines import batching, padding, sources  # pylint: disable=g-import-not-at-top
-  from tests import sequence_plugins  # pylint: disable=g-import-not-at-top
+  from tests.plugins import sequence_plugins  # pylint: disable=g-import-not-at-top
   config = type("C", (dict,), {"__getattr__": dict.__getitem__})
   (x, y), _ = sequence_plugins.numpy_sequences(
       config(num_train_examples=8192, num_eval_examples=64), 0)

@@ -14,7 +14,7 @@ Where things live: the core stream here at the top (sources, order, batching,
 padding, buckets, memory; errors, autograph_scope, native_output, read_log), the
 built-in datasets in input_pipelines/datasets/, the records format and its
 converter in input_pipelines/records/ (`python -m input_pipelines.convert`).
-datasets/ imports the core, records/ imports both, the core neither (tests/test_layout.py).
+datasets/ imports the core, records/ imports both, the core neither (tests/docs/test_layout.py).
 """
 import importlib
 

@@ -4,7 +4,7 @@ would run TensorFlow's gRPC servers on 0.0.0.0."""
 import pytest
 
 import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
-from tests.processes import LOOPBACK_SKIP
+from tests.support.processes import LOOPBACK_SKIP
 
 # In-process runs share one TensorFlow runtime per test process, whose intra-op pool is
 # fixed once it starts; runtime.deterministic runs need 1 thread per op (the size a fresh
@@ -44,7 +44,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"{len(skipped)} {reason}", yellow=True, bold=True)
 
 
-# Object stores behind fault-injecting proxies, for gs:// and s3:// model_dirs (tests/object_stores.py)
-from tests.object_stores import (  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import
+# Object stores behind fault-injecting proxies, for gs:// and s3:// model_dirs (tests/support/object_stores.py)
+from tests.support.object_stores import (  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import
     gcs_emulator, s3_emulator, gcs_store, s3_store, object_store, gcs_session_emulator,
     s3_session_emulator)

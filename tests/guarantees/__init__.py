@@ -1,6 +1,7 @@
 """The guarantee harness: a catalogue of small real workloads x every guarantee x every shape.
 
-catalogue.py lists the workloads (`CATALOGUE`), conftest.py the shapes (`SHAPES`: 1
+workloads/ holds the workloads, one file each (catalogue.py collects them as
+`CATALOGUE`; workload.py says what an entry is), conftest.py the shapes (`SHAPES`: 1
 replica, 2 mirrored, 2 under central_storage, 1 with the whole step under XLA),
 test_matrix.py the checks, each run on every workload on every shape: a SIGTERM resume
 and a SIGKILL resume equal the uninterrupted run bit for bit, checkpoints and the evals
@@ -19,12 +20,14 @@ really achieves, so that the bugs of `python -m tests.mutations` fail a cell. co
 session and shares it. A new way to lay out a run is one more `SHAPES` entry.
 The checks that read a run's files (SIGTERM and SIGKILL resumes, eval, export) also run
 on storage gs:// and s3:// (conftest.STORAGES: the emulated buckets of
-tests/object_stores.py), for conftest.BUCKET_WORKLOADS on 1 replica: the same run with
+tests/support/object_stores.py), for conftest.BUCKET_WORKLOADS on 1 replica: the same run with
 --model_dir=<a bucket>, its SIGKILL cutting a step's upload short, read back from the
 bucket, equal to the run on local disk.
 
-To add a workload (a new feature): append one `Workload` to `CATALOGUE` with
-- `flags`: the command line a user would run (plug-ins from tests/ or examples/; it
+To add a workload (a new feature): add one file to workloads/ (copy cnn.py) whose
+`WORKLOAD` is a `Workload` (workload.py) with
+- `flags`: the command line a user would run (plug-ins from tests/plugins/, examples/
+  or the file itself, for code only this workload uses; it
   should train with plain SGD, or give `sgd_flags` that make it so);
 - `served(serve, replicas)`: the eval values scored from its export in numpy (None if it
   exports nothing that eval scores);

@@ -7,7 +7,7 @@ step compiled by XLA; a check names the shapes it runs on.
 -> Interrupted: the same run SIGTERMed at step 5 (exit 42), resumed and SIGKILLed at
 step 35, resumed again to the end; one model_dir, three processes, both resume checks.
 On a bucket (`runs.interrupted(name, shape, store)`: STORAGES, an emulated object store
-of tests/object_stores.py) the interrupted run is the same three processes with
+of tests/support/object_stores.py) the interrupted run is the same three processes with
 --model_dir=<a new bucket>, the SIGKILL timed to cut the upload of a step short, and
 its model_dir is the bucket's, downloaded once the run is done: the checks read it as
 they read a local one.
@@ -37,10 +37,10 @@ import time
 
 import pytest
 
-from tests.cli import run_trainer
+from tests.support.cli import run_trainer
 from tests.guarantees import catalogue
-from tests.processes import TrainerProcess
-from tests.processes import read_checkpoint as arrays  # noqa: F401  (test_matrix reads it here)
+from tests.support.processes import TrainerProcess
+from tests.support.processes import read_checkpoint as arrays  # noqa: F401  (test_matrix reads it here)
 
 # Default threading, as users run it: every run is deterministic (catalogue.COMMON), which
 # fixes the threads per op whatever the replicas or cores (trainer/cluster/runtime.py).
@@ -85,7 +85,7 @@ ORDER_SHAPES = {
 
 
 # Where a run's model_dir lives: "local" (a directory: every check, every shape), or a
-# bucket, the same run with --model_dir=gs://... or s3://... (tests/object_stores.py's
+# bucket, the same run with --model_dir=gs://... or s3://... (tests/support/object_stores.py's
 # emulators, one per pytest process: a bucket run is read by its own cells only, one
 # xdist group, tests/conftest.py): BUCKET_WORKLOADS on BUCKET_SHAPES, the checks of
 # BUCKET_CHECKS, each against the same workload on local disk.
@@ -390,7 +390,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture
 def store(request, storage):
-  """The emulated object store of a cell's `storage` (tests/object_stores.py, one per
+  """The emulated object store of a cell's `storage` (tests/support/object_stores.py, one per
   pytest process), passing everything through; None for local disk."""
   if storage == "local":
     return None

@@ -7,7 +7,7 @@ the bug there, runs the slice of tests that must catch it, and prints a table: C
 replace is not in its file exactly once: the code changed under the entry), ERROR (the
 slice could not run: a node id that does not exist, a mutated module that does not
 import), TIMEOUT. It exits 0 only if every mutation is CAUGHT. docs/testing.md
-"Mutations" says how to run it; tests/test_mutations_catalogue.py keeps the catalogue
+"Mutations" says how to run it; tests/mutations/test_mutations_catalogue.py keeps the catalogue
 from rotting (no STALE entry, every slice's tests exist, the docs' table in sync).
 
 A mutation is one `Mutation` in catalogue.py's CATALOGUE: to add one, append an entry.

@@ -10,13 +10,13 @@ regenerate docs/testing.md's table (`python -m tests.mutations --markdown`).
 """
 from tests.mutations import Edit, Mutation
 
-_SAME_WEIGHTS_2 = ("tests/test_user_plugins.py::test_same_weights_on_several_replicas_with_"
+_SAME_WEIGHTS_2 = ("tests/setup/test_user_plugins.py::test_same_weights_on_several_replicas_with_"
                    "plain_sgd[2]")
-_LAYER_ATTRIBUTES_RESUME = ("tests/test_task_state.py::test_state_beyond_top_level_models_is_"
+_LAYER_ATTRIBUTES_RESUME = ("tests/tasks/test_task_state.py::test_state_beyond_top_level_models_is_"
                             "saved_and_a_resume_equals_the_run[LayerAttributes-keys0]")
-_SIGTERM_CONFIGURED_CODE = ("tests/test_preempted_exit_code.py::test_sigterm_exits_with_the_"
+_SIGTERM_CONFIGURED_CODE = ("tests/cluster/test_preempted_exit_code.py::test_sigterm_exits_with_the_"
                             "configured_code_and_the_same_command_resumes")
-_EPOCH_PERMUTATION = ("tests/test_batching.py::test_each_epoch_is_a_permutation_that_depends_on_"
+_EPOCH_PERMUTATION = ("tests/pipelines/test_batching.py::test_each_epoch_is_a_permutation_that_depends_on_"
                       "seed_and_epoch")
 
 CATALOGUE = [
@@ -44,7 +44,7 @@ CATALOGUE = [
         file="trainer/loop/steps.py",
         old='      kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA\n',
         new="      pass\n",
-        slice=("tests/test_multi_worker.py::test_central_storage_trains_like_mirrored_with_state_"
+        slice=("tests/cluster/test_multi_worker.py::test_central_storage_trains_like_mirrored_with_state_"
                "each_replica_assigns[dropout]",)),
     Mutation(
         name="replicas_keep_their_own_statistics",
@@ -53,7 +53,7 @@ CATALOGUE = [
         file="trainer/loop/steps.py",
         old="    if local:\n      strategy.run(lambda: replicas_agree(local))\n",
         new="",
-        slice=("tests/test_batchnorm_eval.py::test_two_replicas_report_the_eval_of_their_"
+        slice=("tests/outputs/test_batchnorm_eval.py::test_two_replicas_report_the_eval_of_their_"
                "checkpoint",)),
 
     # -- the checkpoint and the resume ----------------------------------------------------
@@ -69,7 +69,7 @@ CATALOGUE = [
             "self._model_variables.items() if not key.startswith('state/')})\n"
             "    optimizer_tree = checkpoints.variables_tree(self._optimizer_variables)\n"
             "    bad =",
-        slice=("tests/test_task_state.py::test_variables_held_in_a_list_are_saved_once_and_a_"
+        slice=("tests/tasks/test_task_state.py::test_variables_held_in_a_list_are_saved_once_and_a_"
                "resume_equals_the_run",)),
     Mutation(
         name="resume_skips_a_batch",
@@ -89,7 +89,7 @@ CATALOGUE = [
             "    for key, variable in optimizer_variables.items():\n"
             "      if key.endswith('/iteration'):\n"
             "        variable.assign_add(1)\n",
-        slice=("tests/test_task_state.py::test_a_resume_continues_the_learning_rate_schedule_"
+        slice=("tests/tasks/test_task_state.py::test_a_resume_continues_the_learning_rate_schedule_"
                "at_its_step",)),
     Mutation(
         name="checkpoint_other_shapes_accepted",
@@ -97,7 +97,7 @@ CATALOGUE = [
         file="trainer/state/checkpoints.py",
         old="    if stored[key] != wanted[key]:",
         new="    if False:",
-        slice=("tests/test_checkpoint_recovery.py::test_warm_start_from_another_model_is_"
+        slice=("tests/state/test_checkpoint_recovery.py::test_warm_start_from_another_model_is_"
                "refused",)),
     Mutation(
         name="fixed_field_may_change_on_resume",
@@ -105,8 +105,8 @@ CATALOGUE = [
         file="trainer/state/config_changes.py",
         old='    "runtime.seed": "the data order (and synthetic data)",\n',
         new="",
-        slice=("tests/test_resume_config.py::test_which_fields_a_resume_may_change",
-               "tests/test_resume_config.py::test_changing_a_fixed_field_on_resume_is_refused"
+        slice=("tests/setup/test_resume_config.py::test_which_fields_a_resume_may_change",
+               "tests/setup/test_resume_config.py::test_changing_a_fixed_field_on_resume_is_refused"
                "[--config.runtime.seed=1-runtime.seed-0-1]")),
     Mutation(
         name="writer_lock_shared",
@@ -114,7 +114,7 @@ CATALOGUE = [
         file="trainer/state/writer_lock.py",
         old="fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
         new="fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
-        slice=("tests/test_one_writer.py::test_lock_unit",)),
+        slice=("tests/state/test_one_writer.py::test_lock_unit",)),
     Mutation(
         name="non_finite_state_saved",
         plants="non-finite loss or weights neither stop the run nor are refused by the save: "
@@ -123,7 +123,7 @@ CATALOGUE = [
         old="        if non_finite or not bool(state_finite):\n",
         new="        if False:\n",
         also=(Edit("trainer/state/train_state.py", "    if bad:\n", "    if False:\n"),),
-        slice=("tests/test_non_finite.py::test_divergence_stops_and_checkpoints_stay_finite",)),
+        slice=("tests/loop/test_non_finite.py::test_divergence_stops_and_checkpoints_stay_finite",)),
     Mutation(
         name="save_guard_removed",
         plants="the save itself no longer refuses non-finite state (only the loop's check is "
@@ -131,14 +131,14 @@ CATALOGUE = [
         file="trainer/state/train_state.py",
         old="    if bad:\n",
         new="    if False:\n",
-        slice=("tests/test_train_state.py::test_the_save_itself_refuses_non_finite_state",)),
+        slice=("tests/state/test_train_state.py::test_the_save_itself_refuses_non_finite_state",)),
     Mutation(
         name="resume_from_the_oldest_checkpoint",
         plants="a resume restores the oldest readable checkpoint, not the newest",
         file="trainer/state/train_state.py",
         old="    return earlier[-1] if earlier else -1",
         new="    return earlier[0] if earlier else -1",
-        slice=("tests/test_python_api.py::test_one_process_trains_resumes_and_trains_another_"
+        slice=("tests/setup/test_python_api.py::test_one_process_trains_resumes_and_trains_another_"
                "config",)),
     Mutation(
         name="rollback_rereads_the_bad_batches",
@@ -147,7 +147,7 @@ CATALOGUE = [
         file="trainer/loop/value_checks.py",
         old="    return Position(restored.step, reached.examples)",
         new="    return restored",
-        slice=("tests/test_checkpoint_recovery.py::test_rollback_restores_and_skips_ahead_until_"
+        slice=("tests/state/test_checkpoint_recovery.py::test_rollback_restores_and_skips_ahead_until_"
                "its_budget_is_spent",)),
 
     # -- preemption -----------------------------------------------------------------------
@@ -187,7 +187,7 @@ CATALOGUE = [
         file="input_pipelines/batching.py",
         old="    first = start_example + step * global_batch_size + replica * per_replica\n",
         new="    first = start_example + step * global_batch_size\n",
-        slice=("tests/test_batching.py::test_each_input_pipeline_builds_its_replicas_share_of_"
+        slice=("tests/pipelines/test_batching.py::test_each_input_pipeline_builds_its_replicas_share_of_"
                "every_global_batch[1-2]",)),
     Mutation(
         name="stream_resume_starts_over",
@@ -196,7 +196,7 @@ CATALOGUE = [
         file="input_pipelines/batching.py",
         old="repeat().skip(start_example)",
         new="repeat().skip(0)",
-        slice=("tests/test_batching.py::test_a_stream_source_resumes_by_skipping_to_its_"
+        slice=("tests/pipelines/test_batching.py::test_a_stream_source_resumes_by_skipping_to_its_"
                "position",)),
     Mutation(
         name="bucketed_batches_without_static_rows",
@@ -205,7 +205,7 @@ CATALOGUE = [
         file="input_pipelines/batching.py",
         old="lambda t: tf.ensure_shape(t, [per_replica, *t.shape[1:]]), (features, labels))",
         new="lambda t: t, (features, labels))",
-        slice=("tests/test_bucketing.py::test_grouped_batches_have_their_rows_when_traced",)),
+        slice=("tests/pipelines/test_bucketing.py::test_grouped_batches_have_their_rows_when_traced",)),
     Mutation(
         name="preprocess_seed_ignores_position",
         plants="data.preprocess gets the same seed for every example (augmentation not random "
@@ -213,7 +213,7 @@ CATALOGUE = [
         file="input_pipelines/batching.py",
         old="position]))",
         new="position * 0]))",
-        slice=("tests/test_batching.py::test_preprocess_is_random_per_example_yet_the_same_"
+        slice=("tests/pipelines/test_batching.py::test_preprocess_is_random_per_example_yet_the_same_"
                "after_a_resume",)),
 
     # -- eval: every example once, exact means --------------------------------------------
@@ -223,14 +223,14 @@ CATALOGUE = [
         file="input_pipelines/batching.py",
         old="num_batches = -(-num_examples // global_batch_size)",
         new="num_batches = num_examples // global_batch_size",
-        slice=("tests/test_eval_exact.py::test_three_replicas_count_every_example_once",)),
+        slice=("tests/outputs/test_eval_exact.py::test_three_replicas_count_every_example_once",)),
     Mutation(
         name="eval_replicas_read_the_same_slice",
         plants="every replica evaluates the first replica's slice of each eval batch",
         file="input_pipelines/batching.py",
         old="first = tf.minimum(step * global_batch_size + replica * per_replica, end)",
         new="first = tf.minimum(step * global_batch_size, end)",
-        slice=("tests/test_batching.py::test_eval_shares_cover_every_example_once_with_empty_"
+        slice=("tests/pipelines/test_batching.py::test_eval_shares_cover_every_example_once_with_empty_"
                "slices[1-3]",)),
     Mutation(
         name="eval_mean_of_batch_means",
@@ -243,7 +243,7 @@ CATALOGUE = [
             "                  tf.reduce_mean(",
         also=(Edit("trainer/loop/steps.py", "    return tf.stack([count, *sums])",
                    "    return tf.stack([tf.ones_like(count), *sums])"),),
-        slice=("tests/test_eval_exact.py::test_one_replica_scores_the_same_checkpoint_"
+        slice=("tests/outputs/test_eval_exact.py::test_one_replica_scores_the_same_checkpoint_"
                "identically",)),
     Mutation(
         name="eval_runs_the_model_on_empty_slices",
@@ -252,7 +252,7 @@ CATALOGUE = [
         file="trainer/loop/steps.py",
         old="tf.cond(size > 0, lambda: add_batch(features, labels, running), lambda: running)",
         new="add_batch(features, labels, running)",
-        slice=("tests/test_batchnorm_eval.py::test_conv_batchnorm_two_replicas_with_an_empty_"
+        slice=("tests/outputs/test_batchnorm_eval.py::test_conv_batchnorm_two_replicas_with_an_empty_"
                "slice[1]",)),
 
     # -- the step's randomness ----------------------------------------------------------
@@ -263,7 +263,7 @@ CATALOGUE = [
         file="trainer/task/contexts.py",
         old="    return values[replica * rows:(replica + 1) * rows]",
         new="    return values[:rows]",
-        slice=("tests/test_task_helpers.py::test_example_seeds_do_not_change_with_the_replica_"
+        slice=("tests/tasks/test_task_helpers.py::test_example_seeds_do_not_change_with_the_replica_"
                "count",)),
 
     Mutation(
@@ -286,7 +286,7 @@ CATALOGUE = [
         file="trainer/loop/serving.py",
         old="    if self._config.train.ema_eval:\n      return self._state.averaged_weights()\n",
         new="",
-        slice=("tests/test_optimizers.py::test_the_moving_average_is_evaluated_and_exported_and_"
+        slice=("tests/loop/test_optimizers.py::test_the_moving_average_is_evaluated_and_exported_and_"
                "training_goes_on_from_the_weights",)),
     Mutation(
         name="ema_left_in_place_of_the_weights",
@@ -295,7 +295,7 @@ CATALOGUE = [
         file="trainer/task/optimizers.py",
         old="    for (variable, _), value in zip(pairs, trained):\n      variable.assign(value)\n",
         new="    pass\n",
-        slice=("tests/test_optimizers.py::test_the_moving_average_is_served_in_place_and_the_"
+        slice=("tests/loop/test_optimizers.py::test_the_moving_average_is_served_in_place_and_the_"
                "weights_come_back",)),
 
     # -- the guarantee matrix's own blind spots (issue 43) --------------------------------

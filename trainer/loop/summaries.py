@@ -261,7 +261,7 @@ def _drop_events_past(path: str, step: int) -> bool:
 def _scalars_event(values: dict) -> bytes:
   """One serialized Summary holding every scalar of a row, as tf.summary.scalar writes
   each (a float32 tensor with the scalar plugin's metadata): the same bytes as
-  TensorBoard's `summary_v2.scalar_pb` per tag (tests/test_tensorboard.py). A Summary's
+  TensorBoard's `summary_v2.scalar_pb` per tag (tests/outputs/test_tensorboard.py). A Summary's
   repeated values serialize one after the other, and a tag's bytes differ only in the
   float's 4, so each tag is serialized once and a row is spliced from those: building
   the protos at every boundary cost 25 us, scalar_pb's 5x that."""

@@ -1,6 +1,6 @@
 """What runs before TensorFlow loads: a config's start-up checks and the plug-ins it names.
 
-Nothing here imports TensorFlow (tests/test_layout.py), so a bad field fails in a
+Nothing here imports TensorFlow (tests/docs/test_layout.py), so a bad field fails in a
 fraction of a second with one line. `validation.py` checks every field (the fields that
 need the runtime are checked where they act: trainer/cluster/runtime.py, and
 checkpoint.init_from in trainer/state/model_dir.py); `plugins.py` resolves MODULE:FUNCTION

@@ -3,7 +3,7 @@ losses and metrics a config may name.
 
 Pure Python, so that the start-up checks (validation.py) read it before TensorFlow
 loads; the registries that build them (optimizers.py, losses.py, metrics.py) answer
-exactly these names (tests/test_layout.py holds them to it).
+exactly these names (tests/docs/test_layout.py holds them to it).
 """
 
 # optimizers.create: Keras's optimizers by their lowercase names, and "momentum" (SGD with

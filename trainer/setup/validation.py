@@ -308,7 +308,7 @@ _OF = lambda check: (lambda config, field: check(_get(config, field)))  # pylint
 # Every field of configs/common.py, in the order it is checked: (its check here, None where
 # the code that reads it says what is wrong in one line; the code that acts on it). A
 # field's reader is named so that a change to the one shows the other
-# (tests/test_config_fields.py: every field is here, and each file named reads it).
+# (tests/setup/test_config_fields.py: every field is here, and each file named reads it).
 FIELDS = {
     "model.name": (_plugin(models.BUILTINS), "models/__init__.py"),
     "model.conv_filters": (_positive, "models/mnist_cnn.py"),

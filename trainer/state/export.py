@@ -35,7 +35,7 @@ from trainer.state import storage
 # Served = the model's outputs, relative to max(1, |output|): the graph and the eager
 # call may order sums apart (oneDNN fusions, cuDNN's choice of algorithm), units of the
 # compute dtype's last place compounded over the layers (TF32: float32 matmuls on a GPU
-# round to 10 bits). Measured: 4.5 units (0.0044) on tests/test_precision.py's float16
+# round to 10 bits). Measured: 4.5 units (0.0044) on tests/loop/test_precision.py's float16
 # CNN. A served function that is not the model (a truncated length) is off by far more.
 _TOLERANCE = {"float16": 16 * 2.0 ** -10, "bfloat16": 16 * 2.0 ** -7, "tf32": 16 * 2.0 ** -10}
 
