@@ -13,7 +13,8 @@ every shape agrees with 1 replica under plain SGD (the workload's measured
 1 replica's run ends, to that agreement, saying so in one line, or, for a workload whose
 trajectory depends on the replica count (`refuses_elastic`), is refused in one line with
 the model_dir untouched; one replica in a 2-device process is 1 replica bit for bit (the
-summation order follows the config, not the devices); eval at the end = --mode=eval of
+summation order follows the config, not the devices); eval at the end = --mode=eval (on 1
+and 2 replicas: test_matrix.EVAL_SHAPES) of
 the saved step = the export scored on the eval data (1e-5); and a checkpoint of another
 workload is refused (exit 2, one line, nothing moved). Each tolerance is what the cell
 really achieves, so that the bugs of `python -m tests.mutations` fail a cell. conftest.py trains each (workload, shape) once per

@@ -208,12 +208,20 @@ def _finished(runs, store, name: str, shape: str):
   return run.model_dir, on_bucket, run.url, store.env
 
 
-@pytest.mark.parametrize("name, shape, storage", cells("eval"))
+# --mode=eval's own path (a fresh process that restores the newest step and evaluates the
+# whole split) differs with the replica count only: how the last, partial batch is split.
+# A restore's evals on central storage and under XLA are the sigterm check's (the evals a
+# resumed process runs equal the uninterrupted run's, bit for bit, on every shape), which
+# asks more of them than this check's 1e-5; a process each of these cells was 25 of 61.
+EVAL_SHAPES = ("1", "2")
+
+
+@pytest.mark.parametrize("name, shape, storage", cells("eval", shapes=EVAL_SHAPES))
 def test_eval_equals_mode_eval(runs, store, name, shape, storage):
   """What training reported at its end (summary.json) is what --mode=eval of the saved
-  step reports: every value, to 1e-5. On a bucket, --mode=eval reads the bucket
-  (--model_dir=gs://... or s3://...) and summary.json is the bucket's: summary.json not
-  put in the bucket at the end fails here."""
+  step reports: every value, to 1e-5, on 1 and 2 replicas (EVAL_SHAPES). On a bucket,
+  --mode=eval reads the bucket (--model_dir=gs://... or s3://...) and summary.json is the
+  bucket's: summary.json not put in the bucket at the end fails here."""
   _, summary, where, env = _finished(runs, store, name, shape)
   extra = BUCKET_FLAGS if store is not None else ()
   result = trainer_run(where, *flags(catalogue.BY_NAME[name], shape, *extra), "--mode=eval",
