@@ -4,7 +4,6 @@ would run TensorFlow's gRPC servers on 0.0.0.0."""
 import pytest
 
 import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
-from tests.support import schedule
 from tests.support.processes import LOOPBACK_SKIP
 
 # In-process runs share one TensorFlow runtime per test process, whose intra-op pool is
@@ -35,18 +34,6 @@ def pytest_collection_modifyitems(items):
     else:
       group = item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
-  items[:] = schedule.longest_first(items, _group)
-
-
-def _group(item) -> str:
-  return next(mark.args[0] for mark in item.iter_markers("xdist_group"))
-
-
-def pytest_configure(config):
-  """pytest-xdist takes the units in the order of `items` (tests/support/schedule.py: the
-  longest first), not in its own order by number of tests."""
-  if hasattr(config.option, "loadscopereorder"):
-    config.option.loadscopereorder = False
 
 
 def pytest_terminal_summary(terminalreporter):

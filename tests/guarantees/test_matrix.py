@@ -184,6 +184,7 @@ def test_a_resume_on_another_replica_count_keeps_the_trajectory_or_is_refused(ru
     return
   assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
   assert len(lines) == 1, f"{len(lines)} lines say {said!r}\n{result.stderr[-3000:]}"
+  assert "the same trajectory to float32 rounding" in lines[0], lines[0]
   assert f"Restored checkpoint at step {catalogue.ELASTIC_AT}" in result.stderr
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(runs.sgd(name, "1"), catalogue.STEPS),
               workload.agreement(shape), f"step {catalogue.ELASTIC_AT} of shape {shape} resumed "

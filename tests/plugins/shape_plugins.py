@@ -26,16 +26,3 @@ def augmented(model_config, input_spec):
   x = keras.layers.Dense(16, activation="relu", name="hidden")(x)
   x = keras.layers.Dropout(0.3, seed=3, name="dropout")(x)
   return keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="augmented")
-
-
-def conv_batchnorm_synchronized(model_config, input_spec):
-  """tests/plugins/batchnorm_plugins.py's conv_batchnorm with BatchNormalization(synchronized=True):
-  its statistics are the global batch's on any replica count (a resume may change it)."""
-  del model_config
-  inputs = keras.Input(shape=input_spec.shape[1:], name="images")
-  x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv")(inputs)
-  x = keras.layers.BatchNormalization(synchronized=True, name="bn")(x)
-  x = keras.layers.ReLU(name="relu")(x)
-  x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-  return keras.Model(inputs, keras.layers.Dense(4, name="logits")(x),
-                     name="conv_batchnorm_synchronized")
