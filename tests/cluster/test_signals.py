@@ -36,7 +36,7 @@ def uninterrupted(tmp_path_factory):
   return checkpoint_arrays(model_dir, _STEPS)
 
 
-_HOLD = f"--config.train.actions={os.path.join(REPO, 'tests', 'hold_actions.py')}:hold"
+_HOLD = f"--config.train.actions={os.path.join(REPO, 'tests', 'plugins', 'hold_actions.py')}:hold"
 
 
 def _held(model_dir, hold_file, phase: str, *flags: str) -> TrainerProcess:

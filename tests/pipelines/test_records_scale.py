@@ -23,7 +23,7 @@ _SPEC = {"blob": {"encoding": "raw", "dtype": "uint8", "shape": [_RECORD_BYTES]}
          "label": {"encoding": "int64", "shape": []}}
 _STEPS = 40
 _FLAGS = ["--config=synthetic", "--config.data.name=records",
-          f"--config.model.name={os.path.join(REPO, 'tests', 'record_plugins.py')}:blob_model",
+          f"--config.model.name={os.path.join(REPO, 'tests', 'plugins', 'record_plugins.py')}:blob_model",
           f"--config.train.steps={_STEPS}", "--config.train.global_batch_size=16",
           "--config.train.steps_per_loop=5", "--config.checkpoint.interval=20",
           "--config.eval.global_batch_size=32", "--config.runtime.deterministic=true"]

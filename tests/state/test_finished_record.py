@@ -18,7 +18,7 @@ _FLAGS = ["--config=synthetic", "--config.model.conv_filters=4", "--config.model
           "--config.train.steps=60", "--config.train.global_batch_size=16",
           "--config.train.steps_per_loop=10", "--config.data.num_train_examples=320",
           "--config.data.num_eval_examples=64",
-          f"--config.train.actions={os.path.join(REPO, 'tests', 'action_plugins.py')}:stop_at_40"]
+          f"--config.train.actions={os.path.join(REPO, 'tests', 'plugins', 'action_plugins.py')}:stop_at_40"]
 _BROKEN = {  # name: (the bytes of finished.json, what the line says of them)
     "garbage": (b"\xff\x00\x13 not json",
                 r"is not JSON \('utf-8' codec can't decode byte 0xff in position 0: invalid "

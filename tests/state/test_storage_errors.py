@@ -135,7 +135,7 @@ def test_disk_full_during_the_export(tmp_path, tmpfs):
 def test_disk_full_writing_summary_json(tmp_path, tmpfs):
   model_dir = tmpfs(tmp_path / "run", "24m")
   hold_file = tmp_path / "go"
-  hold = f"--config.train.actions={os.path.join(REPO, 'tests', 'hold_actions.py')}:hold"
+  hold = f"--config.train.actions={os.path.join(REPO, 'tests', 'plugins', 'hold_actions.py')}:hold"
   process = TrainerProcess(model_dir, *_FLAGS, hold, env={"DISTLOOP_TEST_HOLD": "summary",
                                                     "DISTLOOP_TEST_HOLD_FILE": str(hold_file)})
   try:
