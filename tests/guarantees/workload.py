@@ -100,14 +100,14 @@ class Workload:
     return self.known_defects.get((check, shape)) or self.known_defects.get(check)
 
 
-def cross_entropy(probabilities, labels) -> float:
+def _cross_entropy(probabilities, labels) -> float:
   probabilities = np.clip(np.asarray(probabilities, np.float64), 1e-7, 1 - 1e-7)
   picked = probabilities[np.arange(len(labels)), labels]
   return float(np.mean(-np.log(picked / probabilities.sum(-1))))
 
 
 def classified(probabilities, labels, prefix="") -> dict:
-  return {f"eval_{prefix}loss": cross_entropy(probabilities, labels),
+  return {f"eval_{prefix}loss": _cross_entropy(probabilities, labels),
           f"eval_{prefix}accuracy": float(np.mean(np.argmax(probabilities, -1) == labels))}
 
 
@@ -152,7 +152,7 @@ def within(tolerance: float) -> dict:
   return {"2": tolerance, "central_storage-2": tolerance, "xla-1": tolerance}
 
 
-def on_two_replicas(why: str) -> dict:
+def _on_two_replicas(why: str) -> dict:
   """Not applicable: agreement with 1 replica on the shapes of 2 (XLA's 1 still agrees)."""
   return {("shapes_agree", "2"): why, ("shapes_agree", "central_storage-2"): why}
 
@@ -160,6 +160,6 @@ def on_two_replicas(why: str) -> dict:
 def refused_on_two_replicas(because: str, refusal: str) -> dict:
   """shapes_agree not applicable on the shapes of 2, only because distloop refuses to mix
   replica counts for the workload (`refuses_elastic`): the elastic check asserts that."""
-  return on_two_replicas(f"{because}: 1 and 2 replicas train different models by design, and "
+  return _on_two_replicas(f"{because}: 1 and 2 replicas train different models by design, and "
                          f"distloop refuses to resume one on the other ({refusal!r}), as the "
                          f"elastic check asserts")
