@@ -75,6 +75,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.poll_seconds = 5.0       # continuous_eval: how often to look for new checkpoints
   config.eval.timeout_seconds = 3600.0 # continuous_eval: exit 1 if no new checkpoint for this long; 0 = wait forever
 
+  config.predict = ml_collections.ConfigDict()
+  config.predict.split = "eval"        # --mode=predict scores this split: eval | train
+  config.predict.output = ""           # the predictions' folder; "" = MODEL_DIR/predictions/<step>/
+  config.predict.global_batch_size = 500  # examples per predict step; the last partial batch too
+  config.predict.chunk_rows = 10000    # rows per committed chunk (a Parquet file and a records shard): a stop or kill loses at most one
+
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.interval = 100     # steps between checkpoints; the last step is always saved
   config.checkpoint.interval_seconds = 0.0  # also save when this much wall time passed since the last save (at a loop boundary); 0 = off

@@ -86,6 +86,12 @@ class Gan(trainer.Task):
             "fake_scored_real": tf.cast(self.discriminator(fake)[:, 0] > 0, tf.float32),
             "fake_left_of_zero": tf.cast(fake[:, 0] < 0, tf.float32)}
 
+  def predict_step(self, batch, step):
+    """--mode=predict: a generator sample per row of the split, its noise a function of
+    the row (step.normal), so a rerun after a kill, or on any shape, writes the same."""
+    del batch
+    return {"samples": self.generator(step.normal([NOISE_DIM]))}
+
   def export(self):
     return trainer.Export(model=self.generator, output_name="samples",
                           input_spec=tf.TensorSpec([None, NOISE_DIM], tf.float32, name="noise"))

@@ -213,6 +213,35 @@ def eval_dataset(source: Source, *, global_batch_size: int,
   return _finish(elements.map(element, num_parallel_calls=tf.data.AUTOTUNE))
 
 
+def predict_dataset(source: Source, *, global_batch_size: int, start: int,
+                    input_context: tf.distribute.InputContext | None = None,
+                    decode_on_device: bool = False) -> tf.data.Dataset:
+  """`(rows, keep, features, labels)` batches of the rows `start`.. of an indexable
+  source, in source order (batch k: rows start + [k*B, (k+1)*B)), every replica's slice
+  exactly ceil(B/R) rows: past the last row a slice repeats it with `keep` false, so no
+  replica runs on an empty or shorter batch (a fixed shape; the model is called on
+  every slice) and the host drops what `keep` says is not a row. `rows` are the
+  examples' indices in the source."""
+  share = _Share.of(input_context)
+  per_replica = -(-global_batch_size // share.replicas)
+  num_examples = len(source)
+  num_batches = -(-(num_examples - start) // global_batch_size)
+  read = _reader(source, "predict", decode=not decode_on_device)
+
+  def element(j):
+    step, replica = j // share.local, share.first + j % share.local
+    first = start + step * global_batch_size + replica * per_replica
+    end = tf.minimum(start + (step + 1) * global_batch_size, num_examples)
+    wanted = first + tf.range(per_replica, dtype=tf.int64)
+    keep = wanted < end
+    rows = tf.minimum(wanted, num_examples - 1)
+    features, labels = read(rows)
+    return rows, keep, features, labels
+
+  elements = tf.data.Dataset.range(max(num_batches, 0) * share.local)
+  return _finish(elements.map(element, num_parallel_calls=tf.data.AUTOTUNE))
+
+
 def example_spec(source: Source):
   """(features, labels) spec of one example as `data.preprocess` receives it (traced, no
   data read; variable-length dims None). A stream's dataset is built and its elements

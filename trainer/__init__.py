@@ -20,7 +20,8 @@ if _platform.machine().lower() in ("x86_64", "amd64"):
 # config before TensorFlow loads): trainer.run (every mode), trainer.Task, trainer.Export,
 # trainer.Action.
 _API = {"Task": "trainer.task", "Export": "trainer.task", "BuildContext": "trainer.task",
-        "StepContext": "trainer.task", "run": "trainer.api", "Action": "trainer.loop.actions",
+        "StepContext": "trainer.task", "PredictContext": "trainer.task", "run": "trainer.api",
+        "predict": "trainer.api", "Action": "trainer.loop.actions",
         "Boundary": "trainer.loop.actions"}
 
 

@@ -41,7 +41,7 @@ from trainer.setup import plugins
 from trainer.setup import validation
 from trainer.errors import Preempted, StorageError, UserCodeError, UserError
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export", "predict")
 
 
 def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
@@ -49,7 +49,7 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
   """Runs `mode` in `model_dir` and returns its result: the summary (train,
   train_and_eval; a finished run's summary.json with "already_finished": True), {"step", each eval value,
   "examples"} (eval), the SavedModel's directory (export), the steps evaluated
-  (continuous_eval).
+  (continuous_eval), the predictions' summary (predict: docs/predict.md).
 
   `config`: a ConfigDict, a built-in config's name or a config file's path.
   `task`: a trainer.Task (or a Task class, or a function of the config returning
@@ -84,6 +84,14 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
         batches.join_teardowns()
 
 
+def predict(config, model_dir: str, *, task=None, checkpoint_step: int | None = None,
+            handle_signals: bool = False) -> dict:
+  """`run(..., mode="predict")`: predict.split scored once into predict.output
+  (default model_dir/predictions/<step>/); the summary (rows, rows/s, output, digest)."""
+  return run(config, model_dir, mode="predict", task=task, checkpoint_step=checkpoint_step,
+             handle_signals=handle_signals)
+
+
 def _display_urls(error: BaseException) -> BaseException:
   """`error` with its message naming a bucket model_dir by its URL, not its staging."""
   if error.args and isinstance(error.args[0], str):
@@ -111,8 +119,9 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     logging.info("This task is the evaluator of its cluster (TF_CONFIG): --mode=%s of %s on "
                  "one process (runtime.strategy=%s), apart from the training tasks", mode,
                  model_dir, config.runtime.strategy)
-  if checkpoint_step is not None and mode != "eval":
-    raise UserError(f"--checkpoint_step applies to --mode=eval only, not --mode={mode}")
+  if checkpoint_step is not None and mode not in ("eval", "predict"):
+    raise UserError(f"--checkpoint_step applies to --mode=eval and --mode=predict only, "
+                    f"not --mode={mode}")
   if mode == "train" and config.checkpoint.early_stop_patience:
     raise UserError(f"checkpoint.early_stop_patience={config.checkpoint.early_stop_patience} "
                     f"needs evals during training: --mode=train_and_eval (every "
@@ -192,6 +201,8 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     logging.info("%s of step %d with %s", mode, position.step, config_source)
     if mode == "eval":
       return {"step": position.step, **trainer.evaluate(position.step)}
+    if mode == "predict":
+      return trainer.predict(position.step)
     return trainer.export(position.step)
   except UserCodeError as e:  # the user's Task or Action failed at run time
     trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
@@ -221,6 +232,9 @@ def refuse_what_the_task_lacks(trainer, mode: str) -> None:
              else f"{name}.eval_step returns no value")
     instead = "; --mode=train trains without evals" if mode == "train_and_eval" else ""
     raise UserError(f"{lacks}: --mode={mode} has nothing to evaluate{instead}")
+  if mode == "predict":
+    from trainer.loop import predict  # pylint: disable=g-import-not-at-top
+    predict.refuse_what_cannot_be_predicted(trainer)
   if mode == "export" and not trainer.exports():
     lacks = (f"{name} has no export()" if type(task).export is Task.export
              else f"{name}.export() returns None")

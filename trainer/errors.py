@@ -79,12 +79,15 @@ class Preempted(BaseException):
   `step`: the step whose checkpoint is on disk; None when stopped before training
   started (nothing new to save; `signal_name` then says which signal, if known).
   `unsaved`: why the checkpoint of `step` could not be written (then
-  `last_complete` is where the next run resumes).
+  `last_complete` is where the next run resumes). `message`: what is on disk, said by
+  a mode that saves no step (--mode=predict: the rows committed).
   """
 
   def __init__(self, step: int | None, *, unsaved: str = "", last_complete: int | None = None,
-               signal_name: str = ""):
-    if step is None:
+               signal_name: str = "", message: str = ""):
+    if message:  # what is on disk, in another mode's words (--mode=predict's rows)
+      pass
+    elif step is None:
       message = (f"preempted during start-up{f' ({signal_name})' if signal_name else ''}, "
                  f"before training; nothing new to save: run the same command again to resume")
     elif unsaved:

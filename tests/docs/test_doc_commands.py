@@ -58,7 +58,7 @@ def clone(tmp_path_factory):
     if command not in ran:
       argv = as_run_here(command, folder)
       trains = (command.startswith("python -m trainer")
-                and not re.search(r"--mode=(eval|continuous_eval|export)", command))
+                and not re.search(r"--mode=(eval|continuous_eval|export|predict)", command))
       if trains and command not in FULL_RUNS:
         argv += _CHEAP
       ran[command] = subprocess.run(

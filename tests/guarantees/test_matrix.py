@@ -256,6 +256,66 @@ def test_export_equals_eval(runs, store, name, shape, storage):
     assert value == pytest.approx(summary[key], abs=EVAL_TOLERANCE), (key, scored, summary)
 
 
+# Batches of 100, chunks of 150: chunks end mid-batch, and the last batch is partial
+# (256 rows: 56; 1000: none, but 100 rows per replica on 2 is not 150's divisor either).
+PREDICT_FLAGS = ("--mode=predict", "--config.predict.global_batch_size=100",
+                 "--config.predict.chunk_rows=150")
+
+
+@pytest.mark.parametrize("name, shape", cells("predict", shapes=("2",)))
+def test_predict_writes_each_row_once_the_same_bytes_on_every_shape(runs, tmp_path, name,
+                                                                    shape):
+  """--mode=predict of the final step of 1 replica's run, on 1 replica and on `shape`: each
+  eval row once, in order (the index column), the Parquet and records bytes the same on
+  both (a row's values depend on its example alone: a replica's slice of another length,
+  a draw per replica, rows gathered out of order all fail here), and each row the
+  export's on that example, to 1e-5 (the EMA weights, an output transform, a column
+  dropped). A Task with neither predict_step nor export() is refused in one line, exit 2,
+  nothing written."""
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  workload = catalogue.BY_NAME[name]
+  model_dir, _ = runs.uninterrupted(name, "1")
+  written = {}
+  for on in ("1", shape):
+    output = tmp_path / on
+    result = trainer_run(model_dir, *flags(workload, on), *PREDICT_FLAGS,
+                         f"--config.predict.output={output}")
+    if workload.predicts is None:
+      assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+      assert len(result.error_lines()) == 1 and "predict_step" in result.stderr, result.stderr[-3000:]
+      assert not output.exists()
+      return
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    written[on] = {str(path.relative_to(output)): path.read_bytes()
+                   for path in sorted(output.rglob("*")) if path.is_file()
+                   and path.parent != output}  # the chunks, not the manifests' timings
+  assert written[shape] == written["1"], sorted(
+      key for key in written["1"] if written["1"][key] != written[shape].get(key))
+  table = pq.read_table(tmp_path / "1" / "parquet").to_pydict()
+  assert table["index"] == list(range(workload.eval_examples))
+  if workload.predicts == "export":
+    expected = _export_rows(model_dir, workload)
+    assert expected, "the workload's scorer served nothing"
+    for column, rows in expected.items():
+      np.testing.assert_allclose(np.asarray(table[column], np.float64).reshape(rows.shape),
+                                 rows, atol=EVAL_TOLERANCE, rtol=0, err_msg=column)
+
+
+def _export_rows(model_dir, workload) -> dict:
+  """The export's outputs on the eval examples in order: the workload's scorer, recorded."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  serve = tf.saved_model.load(os.path.join(str(model_dir), "export", str(catalogue.STEPS))
+                              ).signatures["serving_default"]
+  calls = []
+
+  def recorded(**inputs):
+    outputs = serve(**inputs)
+    calls.append({key: value.numpy() for key, value in outputs.items()})
+    return outputs
+  workload.served(recorded, 1)
+  return {key: np.concatenate([call[key] for call in calls]) for key in calls[0]} if calls else {}
+
+
 @pytest.mark.parametrize("name, shape", cells("refused", shapes=("1",)))
 def test_checkpoint_of_another_workload_is_refused(runs, tmp_path, name, shape):
   """A step of another workload (other variables and shapes) copied into checkpoints/:

@@ -82,6 +82,10 @@ class Workload:
   # elastic: the trajectory depends on the replica count, so a resume on 1 replica of a step
   # trained on 2 is refused in one line, which names this; the check asserts the refusal.
   refuses_elastic: str | None = None
+  # predict: what --mode=predict writes: "export" (the served outputs: each row equals the
+  # export's on that example), "predict_step" (the Task's own columns), None (a Task with
+  # neither: refused in one line).
+  predicts: str | None = "export"
 
   def changed_flags(self) -> tuple[str, ...]:
     """CHANGES and the workload's own learning rate x 1.5 (its last --config.train.learning_rate)."""

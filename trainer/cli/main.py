@@ -128,6 +128,8 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     print(layout.json_text(result, "the eval result"))
   elif mode == "export":
     print(mirror.display(result))  # a bucket's export by its URL, not the staging path
+  elif mode == "predict":
+    print(layout.json_text(result, "the predictions' summary"))
   return EXIT_OK
 
 

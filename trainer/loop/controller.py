@@ -398,6 +398,22 @@ class Trainer:
     return self._serving.export(step, before_write=lambda: self._phases.at_phase(
         "export", self._boundary(step, {}, position)))
 
+  def served(self):
+    """The task's Export, traced (None: it exports nothing)."""
+    return self._serving.served()
+
+  def serving_weights(self):
+    """What eval, export and predict see (EMA unless train.ema_eval=false)."""
+    return self._serving.weights()
+
+  # -- predict ----------------------------------------------------------------------
+
+  def predict(self, step: int) -> dict:
+    """predict.split scored with the restored `step` into its folder, each row once
+    (trainer/loop/predict.py: chunks committed with the position)."""
+    from trainer.loop import predict  # pylint: disable=g-import-not-at-top
+    return predict.predict(self, step)
+
   def close(self, *, failing: bool = False) -> None:
     """`failing`: the run is ending with an error already; the TensorBoard rows a full
     disk cannot take then get a warning, not a second error in place of that one (a

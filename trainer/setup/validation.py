@@ -375,6 +375,11 @@ FIELDS = {
     "eval.timeout_seconds": (_non_negative, "trainer/loop/continuous_eval.py"),
     "eval.top_k": (_top_k, "trainer/supervised/metrics.py"),
 
+    "predict.split": (_among(("eval", "train")), "trainer/loop/predict.py"),
+    "predict.output": (None, "trainer/state/predictions.py"),
+    "predict.global_batch_size": (_positive, "trainer/loop/predict.py"),
+    "predict.chunk_rows": (_positive, "trainer/state/predictions.py"),
+
     "checkpoint.interval": (_positive, "trainer/loop/controller.py"),
     "checkpoint.interval_seconds": (_non_negative, "trainer/loop/boundary.py"),
     "checkpoint.max_to_keep": (_positive, "trainer/state/train_state.py"),

@@ -12,7 +12,7 @@ model_dir that holds a checkpoint) may change how the run goes on, not what it i
               (the data position is counted in examples: the stream goes on from the
               same example, in batches of the new size; not with length bucketing,
               data.pad_to and data.bucket_window, which groups examples into batches
-              of that size: refused); train.steps_per_loop; eval.*; checkpoint.* (retention and
+              of that size: refused); train.steps_per_loop; eval.*; predict.*; checkpoint.* (retention and
               intervals; init_from only applies to a fresh model_dir); runtime.*
               but seed and mixed_precision (strategy, devices and cluster shape:
               elastic resume)
@@ -66,7 +66,7 @@ from absl import logging
 from trainer.state import model_dir as layout
 from trainer.errors import UserError
 
-_MUTABLE_SECTIONS = ("train", "eval", "checkpoint", "runtime")
+_MUTABLE_SECTIONS = ("train", "eval", "predict", "checkpoint", "runtime")
 _FIXED_FIELDS = {
     "runtime.seed": "the data order (and synthetic data)",
     "runtime.mixed_precision": "the arithmetic (and the optimizer state, with float16)",

@@ -65,6 +65,12 @@ class _Serving(tf.Module):
     return {self._output_name: served}
 
 
+def serving_function(served):
+  """`serve(features) -> {name: outputs}`: what the SavedModel of `served` (an Export)
+  computes, on the live model (--mode=predict's default columns)."""
+  return _Serving(served.model, served.output_name, served.transform or tf.identity).serve
+
+
 def _unreachable_variables(model) -> list:
   """The model's variables that its TensorFlow object graph does not hold (Keras's
   SeedGenerator states): a function that reads one cannot be saved from the model alone."""

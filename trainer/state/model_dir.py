@@ -164,6 +164,10 @@ def export_dir(model_dir: str, step: int) -> str:
   return os.path.join(model_dir, "export", str(step))
 
 
+def predictions_dir(model_dir: str, step: int) -> str:
+  return os.path.join(model_dir, "predictions", str(step))
+
+
 def tensorboard_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "tensorboard")
 

@@ -15,7 +15,8 @@ The contract's names are imported on first use, so that importing the package lo
 TensorFlow.
 """
 _CONTRACT = {"Task": "trainer.task.contract", "Export": "trainer.task.contract",
-             "BuildContext": "trainer.task.contexts", "StepContext": "trainer.task.contexts"}
+             "BuildContext": "trainer.task.contexts", "StepContext": "trainer.task.contexts",
+             "PredictContext": "trainer.task.contexts"}
 
 
 def __getattr__(name):

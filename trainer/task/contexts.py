@@ -234,3 +234,33 @@ def _check_gradients(optimizer, gradients, variables) -> None:
     except (KeyError, AttributeError, ValueError):
       raise UserError(f"optimizer {optimizer.name!r} was not built for {variable.path}: "
                       f"call optimizer.build(variables) in Task.build") from None
+
+
+class PredictContext:
+  """Handed to predict_step, once per trace. `rows`: the batch's examples' indices in
+  the source (int64 [this replica's examples]). Its randomness is a function of
+  (runtime.seed, salt, the row), never of the batch, the replica count or the process:
+  a row's samples are the same in a rerun after a kill and on any shape."""
+
+  def __init__(self, *, rows, seed: int):
+    self.rows = rows
+    self._seed = seed
+
+  def example_seeds(self, salt: int = 0):
+    """One stateless seed per row ([examples, 2] int64) of (runtime.seed, salt, row)."""
+    base = tf.constant([self._seed, salt], tf.int64)
+    return tf.stack([tf.fill(tf.shape(self.rows), base[0] * 1_000_003 + base[1]), self.rows],
+                    axis=1)
+
+  def normal(self, shape, dtype=tf.float32, salt: int = 0):
+    """Standard-normal noise [examples, *shape], each row's drawn from its own seed."""
+    return self._per_row(lambda seed: tf.random.stateless_normal(shape, seed, dtype=dtype),
+                         salt, dtype)
+
+  def uniform(self, shape, dtype=tf.float32, salt: int = 0, minval=0, maxval=1):
+    """Uniform noise [examples, *shape], as `normal`."""
+    return self._per_row(lambda seed: tf.random.stateless_uniform(
+        shape, seed, minval=minval, maxval=maxval, dtype=dtype), salt, dtype)
+
+  def _per_row(self, draw, salt: int, dtype):
+    return tf.map_fn(draw, self.example_seeds(salt), fn_output_signature=dtype)

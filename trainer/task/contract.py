@@ -33,6 +33,7 @@ strategy, and owns everything around them:
       def build(self, context: BuildContext) -> None       # models, optimizers, state
       def train_step(self, batch, step: StepContext) -> dict[str, Tensor]
       def eval_step(self, batch) -> dict[str, Tensor]      # optional: {} = no eval
+      def predict_step(self, batch, step) -> dict[str, Tensor]  # optional: default export()'s
       def export(self) -> Export | None                    # optional
       def state(self) -> dict                              # optional: what it holds by default
 
@@ -86,6 +87,14 @@ class Task:
   def eval_step(self, batch) -> dict:
     """Named per-example values on one eval batch (no side effects); {}: no eval."""
     del batch
+    return {}
+
+  def predict_step(self, batch, step) -> dict:
+    """`--mode=predict`: named per-example values of one batch, each a column of the
+    predictions (docs/predict.md). `step` is a PredictContext: `step.rows` (the examples'
+    indices), `step.normal` / `step.uniform` / `step.example_seeds` (a function of the
+    row). Not overridden: the columns are what export() serves."""
+    del batch, step
     return {}
 
   def export(self) -> Export | None:

@@ -6,6 +6,7 @@ WORKLOAD = Workload(
     ("--config=synthetic", "--config.train.task=tests.plugins.contrastive_plugins:Contrastive",
      *SGD),
     evaluates=False,
+    predicts=None,  # no export(), no predict_step
     agree_within=within(2e-7),  # measured 6.7e-8 (2, central_storage)
     not_applicable={("shapes_agree", "xla-1"): XLA_RANDOM,
                     "eval": "Contrastive has no eval_step: --mode=eval refuses it "

@@ -21,4 +21,4 @@ def served(serve, replicas):
 
 
 WORKLOAD = Workload("gan", (f"--config={os.path.join(REPO, 'examples', 'gan.py')}", *SGD),
-                    served=served, not_applicable={("shapes_agree", "xla-1"): XLA_RANDOM})
+                    served=served, predicts="predict_step", not_applicable={("shapes_agree", "xla-1"): XLA_RANDOM})

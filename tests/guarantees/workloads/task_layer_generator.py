@@ -70,6 +70,7 @@ WORKLOAD = Workload(
      "--config.train.task=tests.guarantees.workloads.task_layer_generator:LayerAndGenerator",
      *SGD),
     refuses_elastic=REFUSAL,
+    predicts=None,  # export() returns None, no predict_step
     not_applicable={**refused_on_two_replicas(_REPLICAS, REFUSAL),
                     ("shapes_agree", "xla-1"): XLA_RANDOM,
                     ("order", "one_device-of-2"): _STRATEGY})

@@ -1,0 +1,289 @@
+"""The predictions folder (`--mode=predict`): chunks committed with the position, so a
+stopped or killed job that runs again writes each row once, the same bytes.
+
+    OUTPUT/
+      progress.json                 the identity (model, checkpoint step, source), the
+                                    chunk size, and each committed chunk: written last
+                                    for each chunk, atomically (the position)
+      parquet/part-KKKKK-of-NNNNN.parquet   chunk K's rows (Apache Parquet, pyarrow)
+      records/train-KKKKK-of-NNNNN.array_record  the same rows as distloop records
+      records/manifest.json         written at the end: a records folder to train from
+      manifest.json                 written last: the run's identity, rows, columns and
+                                    a digest of every chunk; a folder with it is complete
+
+Chunk k holds rows [k*C, (k+1)*C) of the source (C: predict.chunk_rows), in order,
+whatever the batch size or the replica and worker count, so its bytes are a function of
+the model and the data alone. Committing a chunk: its Parquet file and its records
+shard are written under temporary names and renamed, then progress.json names it. A
+kill before that leaves files no progress.json names: the next run removes them and
+writes the chunk again; after it, the chunk is never written again. Only the chief
+writes; a folder holding another model's, step's or source's predictions is refused.
+"""
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from input_pipelines.records import manifest as records_manifest
+from input_pipelines.records import shards
+from trainer.errors import UserError
+
+FORMAT = "distloop-predictions/1"
+PROGRESS = "progress.json"
+MANIFEST = "manifest.json"
+PARQUET = "parquet"
+RECORDS = "records"
+ROW_INDEX = "index"  # the column of each row's index in the source
+
+
+@dataclasses.dataclass
+class Output:
+  """An open predictions folder: `rows_done` committed rows, the chunks still to write."""
+  directory: str
+  identity: dict
+  num_rows: int
+  chunk_rows: int
+  chunks: list  # the committed chunks' entries, in order
+  _lock_fd: int | None = None
+
+  @property
+  def num_chunks(self) -> int:
+    return max(1, -(-self.num_rows // self.chunk_rows))
+
+  @property
+  def rows_done(self) -> int:
+    return sum(chunk["rows"] for chunk in self.chunks)
+
+  def chunk_range(self, index: int) -> tuple[int, int]:
+    return index * self.chunk_rows, min((index + 1) * self.chunk_rows, self.num_rows)
+
+  def commit(self, columns: dict) -> dict:
+    """Writes the next chunk (`columns`: name -> numpy array of its rows, `index` first),
+    then names it in progress.json: from then on it is part of the output."""
+    index = len(self.chunks)
+    first, end = self.chunk_range(index)
+    rows = columns[ROW_INDEX]
+    if len(rows) != end - first or (len(rows) and (rows[0] != first or rows[-1] != end - 1)):
+      raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} are not "
+                           f"{first}..{end - 1}")
+    name = f"part-{index:05d}-of-{self.num_chunks:05d}"
+    parquet = _write_parquet(os.path.join(self.directory, PARQUET, f"{name}.parquet"), columns)
+    writer = shards.Writer(os.path.join(self.directory, RECORDS,
+                                        shards.name("train", index, self.num_chunks)),
+                           compress=False)
+    try:
+      encode = _record_encoder(columns)
+      for row in range(len(rows)):
+        writer.write(encode(row))
+      records = writer.close()
+    except BaseException:
+      writer.discard()
+      raise
+    entry = {"rows": int(len(rows)), "parquet": parquet, "records": records,
+             "columns": _column_specs(columns)}
+    self.chunks.append(entry)
+    _write_json(os.path.join(self.directory, PROGRESS), self._progress())
+    return entry
+
+  def finish(self, summary: dict) -> dict:
+    """The manifests, once every chunk is committed: records/manifest.json (a records
+    folder whose both splits are the predictions, label = the first output column) and
+    manifest.json, written last."""
+    specs = self.chunks[0]["columns"] if self.chunks else {}
+    names = [name for name in specs if name != ROW_INDEX]
+    if self.chunks and names:
+      shard_list = [chunk["records"] for chunk in self.chunks]
+      records_manifest.write(os.path.join(self.directory, RECORDS), records_manifest.Manifest(
+          {name: _record_spec(spec) for name, spec in specs.items()}, names[0],
+          {"train": shard_list, "eval": shard_list},
+          {"from": "distloop --mode=predict", **self.identity}, self.digest()))
+    manifest = {"format": FORMAT, **self.identity, "rows": self.rows_done,
+                "chunk_rows": self.chunk_rows, "columns": specs, "digest": self.digest(),
+                "parquet": [chunk["parquet"]["file"] for chunk in self.chunks],
+                "records": RECORDS, **summary}
+    _write_json(os.path.join(self.directory, MANIFEST), manifest)
+    return manifest
+
+  def digest(self) -> str:
+    """SHA-256 over every chunk's Parquet and records SHA-256, in order."""
+    digest = hashlib.sha256()
+    for chunk in self.chunks:
+      digest.update(chunk["parquet"]["sha256"].encode())
+      digest.update(chunk["records"]["sha256"].encode())
+    return digest.hexdigest()
+
+  def close(self) -> None:
+    if self._lock_fd is not None:
+      os.close(self._lock_fd)
+      self._lock_fd = None
+
+  def _progress(self) -> dict:
+    return {"format": FORMAT, "identity": self.identity, "num_rows": self.num_rows,
+            "chunk_rows": self.chunk_rows, "chunks": self.chunks}
+
+
+def finished(directory: str, identity: dict) -> dict | None:
+  """The manifest of a complete folder of these predictions; None if not complete.
+  UserError if it holds another model's, step's or source's."""
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.isfile(path):
+    return None
+  manifest = _read_json(path)
+  _check_identity(directory, {key: manifest.get(key) for key in identity}, identity)
+  return manifest
+
+
+def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: int,
+                writer: bool) -> Output:
+  """The folder to continue (progress.json's committed chunks) or to start; refused in
+  one line (UserError) if it holds anything else. `writer` (the chief): the folder
+  locked, made, and the files of chunks never committed removed."""
+  progress_path = os.path.join(directory, PROGRESS)
+  chunks = []
+  if os.path.isfile(progress_path):
+    progress = _read_json(progress_path)
+    _check_identity(directory, progress.get("identity") or {}, identity)
+    if progress.get("chunk_rows") != chunk_rows:
+      raise UserError(f"predict.output={directory} holds chunks of "
+                      f"{progress.get('chunk_rows')} rows: continue with "
+                      f"--config.predict.chunk_rows={progress.get('chunk_rows')}, or choose "
+                      f"another predict.output")
+    chunks = list(progress.get("chunks") or [])
+  elif os.path.isdir(directory) and _contents(directory):
+    raise UserError(f"predict.output={directory} is not empty and holds no predictions "
+                    f"(no {PROGRESS}); choose an empty or new folder")
+  output = Output(directory, identity, num_rows, chunk_rows, chunks)
+  if writer:
+    try:
+      for sub in (PARQUET, RECORDS):
+        os.makedirs(os.path.join(directory, sub), exist_ok=True)
+    except OSError as e:
+      raise UserError(f"predict.output={directory} cannot be made: "
+                      f"{e.strerror or e}") from None
+    output._lock_fd = _lock(directory)  # pylint: disable=protected-access
+    _remove_uncommitted(output)
+    if not os.path.isfile(progress_path):  # from now on the folder says whose it is
+      _write_json(progress_path, output._progress())  # pylint: disable=protected-access
+  return output
+
+
+def _check_identity(directory: str, found: dict, wanted: dict) -> None:
+  for key, value in wanted.items():
+    if found.get(key) != value:
+      raise UserError(f"predict.output={directory} holds the predictions of another "
+                      f"{key.replace('_', ' ')} ({found.get(key)!r}, this run "
+                      f"{value!r}); choose another predict.output, or remove it")
+
+
+def _lock(directory: str) -> int:
+  path = os.path.join(directory, ".lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    raise UserError(f"predict.output={directory} is being written by another "
+                    f"--mode=predict; wait for it to end, or choose another "
+                    f"predict.output") from None
+  return fd
+
+
+def _remove_uncommitted(output: Output) -> None:
+  """Files a stop or kill left that progress.json does not name (a chunk written but not
+  committed, a temporary): they are written again."""
+  kept = {chunk["parquet"]["file"] for chunk in output.chunks}
+  kept |= {chunk["records"]["file"] for chunk in output.chunks}
+  for sub in (PARQUET, RECORDS):
+    folder = os.path.join(output.directory, sub)
+    for name in os.listdir(folder):
+      if name not in kept and name != records_manifest.NAME:
+        os.remove(os.path.join(folder, name))
+
+
+def _contents(directory: str) -> list[str]:
+  return [name for name in os.listdir(directory) if name != ".lock"]
+
+
+# -- the formats -------------------------------------------------------------------------
+
+def _column_specs(columns: dict) -> dict:
+  """name -> {"dtype", "shape" (per row)}: what manifest.json says of each column."""
+  return {name: {"dtype": array.dtype.name, "shape": list(array.shape[1:])}
+          for name, array in columns.items()}
+
+
+def _write_parquet(path: str, columns: dict) -> dict:
+  """One Parquet file of `columns`, a column each: a number per row, or a row's values
+  flattened as a fixed-size list (its shape in the field's metadata)."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  arrays, fields = [], []
+  for name, array in columns.items():
+    array = np.ascontiguousarray(array)
+    if array.ndim == 1:
+      arrow = pa.array(array)
+    else:
+      size = int(np.prod(array.shape[1:]))
+      arrow = pa.FixedSizeListArray.from_arrays(pa.array(array.reshape(-1)), size)
+    arrays.append(arrow)
+    fields.append(pa.field(name, arrow.type, nullable=False,
+                           metadata={"shape": json.dumps(list(array.shape[1:]))}))
+  table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+  temporary = _temporary(path)
+  pq.write_table(table, temporary, compression="zstd")
+  _fsync(temporary)
+  os.replace(temporary, path)
+  return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
+          "sha256": shards.file_sha256(path)}
+
+
+def _record_spec(column: dict) -> dict:
+  return {"encoding": "raw", "dtype": column["dtype"], "shape": column["shape"]}
+
+
+def _record_encoder(columns: dict):
+  """`encode(row) -> bytes`: row `row` of `columns` as a tf.train.Example (records format,
+  every column stored raw: its exact bytes)."""
+  from input_pipelines.records import features  # pylint: disable=g-import-not-at-top
+  encode = features.encoder({name: _record_spec(spec)
+                             for name, spec in _column_specs(columns).items()})
+  return lambda row: encode({name: array[row] for name, array in columns.items()})
+
+
+# -- small files -------------------------------------------------------------------------
+
+def _temporary(path: str) -> str:
+  return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+
+
+def _fsync(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _write_json(path: str, value: dict) -> None:
+  temporary = _temporary(path)
+  with open(temporary, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1)  # key order kept: the columns are in order
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(temporary, path)
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path}: not readable ({str(e).splitlines()[0][:200]}); remove the "
+                    f"folder to predict again") from None
+  if not isinstance(value, dict) or value.get("format") != FORMAT:
+    raise UserError(f"{path}: not distloop predictions (format {FORMAT!r}); choose another "
+                    f"predict.output")
+  return value
