@@ -20,6 +20,7 @@ NOT_CONFIG_FIELDS = {
     "train.csv", "train.npz",                           # a table's training file
     "runtime.configure",  # trainer/cluster/runtime.py's function (docs/performance.md)
     "runtime.py",         # trainer/cluster/runtime.py's name (docs/layout.md)
+    "predict.py",         # trainer/loop/predict.py's name (docs/layout.md)
 }
 # Flags written as `--x` in prose that belong to other tools the docs show beside distloop.
 OTHER_TOOLS_FLAGS = {

@@ -365,4 +365,43 @@ CATALOGUE = [
         new="      committed = set(files)\n",
         slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
                "cnn-1-s3]",)),
+
+    # -- --mode=predict: each row once (issue 47) ----------------------------------------
+    Mutation(
+        name="predictions_progress_reorders_the_columns",
+        plants="progress.json is written with sorted keys: a resumed run's records take "
+               "another column for their label, and their manifest other bytes",
+        file="trainer/state/predictions.py",
+        old="    json.dump(value, f, indent=1)  # key order kept: the columns are in order\n",
+        new="    json.dump(value, f, indent=1, sort_keys=True)\n",
+        slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
+               "and_redoes_the_rest",)),
+    Mutation(
+        name="predictions_uncommitted_files_kept",
+        plants="a rerun keeps the files of a chunk that a kill left uncommitted",
+        file="trainer/state/predictions.py",
+        old="        os.remove(os.path.join(folder, name))\n",
+        new="        pass\n",
+        slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
+               "and_redoes_the_rest",)),
+    Mutation(
+        name="predict_keeps_the_padding_rows",
+        plants="the repeated rows that fill the last batch's slices are written as rows",
+        file="trainer/loop/predict.py",
+        old="      buffered.append(_columns(rows[keep], {n: v[keep] for n, v in values.items()},\n",
+        new="      buffered.append(_columns(rows, values,\n",
+        also=(Edit("trainer/loop/predict.py",
+                   "    columns[name] = value[keep] if name in labelled else value\n",
+                   "    columns[name] = value\n"),),
+        slice=("tests/guarantees/test_matrix.py::test_predict_writes_each_row_once_the_same_"
+               "bytes_on_every_shape[cnn-2]",)),
+    Mutation(
+        name="predict_noise_per_batch_position",
+        plants="predict_step's noise is drawn by the row's place in its replica's batch, not "
+               "by the row: it changes with the replica count and the batch",
+        file="trainer/task/contexts.py",
+        old="    return tf.stack([tf.fill(tf.shape(self.rows), base[0] * 1_000_003 + base[1]), self.rows],\n",
+        new="    return tf.stack([tf.fill(tf.shape(self.rows), base[0] * 1_000_003 + base[1]), "
+            "tf.range(tf.size(self.rows, out_type=tf.int64))],\n",
+        slice=("tests/outputs/test_predict.py::test_gan_samples_are_a_function_of_the_row",)),
 ]

@@ -30,6 +30,7 @@ from trainer.cluster import preemption
 from trainer.errors import Preempted, UserError
 from trainer.state import config_changes
 from trainer.state import export
+from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import predictions
 from trainer.task import user_code
@@ -54,6 +55,13 @@ def refuse_what_cannot_be_predicted(trainer) -> None:
     raise UserError(f"--mode=predict needs a source that can be read by row; the "
                     f"{config.predict.split} split of data.name={config.data.name} is a "
                     f"tf.data stream (write it as records: python -m input_pipelines.convert)")
+  if "://" in config.predict.output:
+    raise UserError(f"predict.output={config.predict.output}: predictions are written to a "
+                    f"local or mounted folder only, not yet to a bucket")
+  if mirror.of(trainer.model_dir) is not None and not config.predict.output:
+    raise UserError(f"--model_dir={mirror.display(trainer.model_dir)} is a bucket: set "
+                    f"predict.output to a local or mounted folder (predictions are not yet "
+                    f"written to a bucket)")
   _predict_function(trainer)
 
 
@@ -71,10 +79,12 @@ def predict(trainer, step: int) -> dict:
   run, _ = config_changes.model_dir_run(trainer.model_dir)
   identity = {"model": run, "checkpoint_step": step,
               "source": {"data": config.data.name, "split": split, "rows": len(source)}}
-  done = predictions.finished(directory, identity)
-  if done is not None:
-    logging.info("Already predicted: %s (%d rows)", directory, done["rows"])
-    return {**_summary_of(done), "already_finished": True}
+  # The chief's folder decides, for every worker (a worker's disk may not hold it).
+  done = predictions.finished(directory, identity) if trainer.is_chief else None
+  if trainer.agreement.chiefs(int(done is not None)):
+    logging.info("Already predicted: %s", directory)
+    return ({**_summary_of(done), "already_finished": True} if done is not None
+            else {"already_finished": True, "output": directory})
   output = predictions.open_output(directory, identity, num_rows=len(source),
                                    chunk_rows=config.predict.chunk_rows,
                                    writer=trainer.is_chief)

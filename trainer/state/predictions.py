@@ -140,7 +140,10 @@ def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: in
                 writer: bool) -> Output:
   """The folder to continue (progress.json's committed chunks) or to start; refused in
   one line (UserError) if it holds anything else. `writer` (the chief): the folder
-  locked, made, and the files of chunks never committed removed."""
+  locked, made, and the files of chunks never committed removed. Another worker reads
+  nothing (its disk may not hold the folder): the chief's count is agreed on."""
+  if not writer:
+    return Output(directory, identity, num_rows, chunk_rows, [])
   progress_path = os.path.join(directory, PROGRESS)
   chunks = []
   if os.path.isfile(progress_path):
@@ -156,17 +159,15 @@ def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: in
     raise UserError(f"predict.output={directory} is not empty and holds no predictions "
                     f"(no {PROGRESS}); choose an empty or new folder")
   output = Output(directory, identity, num_rows, chunk_rows, chunks)
-  if writer:
-    try:
-      for sub in (PARQUET, RECORDS):
-        os.makedirs(os.path.join(directory, sub), exist_ok=True)
-    except OSError as e:
-      raise UserError(f"predict.output={directory} cannot be made: "
-                      f"{e.strerror or e}") from None
-    output._lock_fd = _lock(directory)  # pylint: disable=protected-access
-    _remove_uncommitted(output)
-    if not os.path.isfile(progress_path):  # from now on the folder says whose it is
-      _write_json(progress_path, output._progress())  # pylint: disable=protected-access
+  try:
+    for sub in (PARQUET, RECORDS):
+      os.makedirs(os.path.join(directory, sub), exist_ok=True)
+  except OSError as e:
+    raise UserError(f"predict.output={directory} cannot be made: {e.strerror or e}") from None
+  output._lock_fd = _lock(directory)  # pylint: disable=protected-access
+  _remove_uncommitted(output)
+  if not os.path.isfile(progress_path):  # from now on the folder says whose it is
+    _write_json(progress_path, output._progress())  # pylint: disable=protected-access
   return output
 
 
