@@ -386,7 +386,8 @@ CATALOGUE = [
                "and_redoes_the_rest",)),
     Mutation(
         name="predict_keeps_the_padding_rows",
-        plants="the repeated rows that fill the last batch's slices are written as rows",
+        plants="the rows that top up a replica's slice (past the end, or of the next batch) "
+               "are written as rows",
         file="trainer/loop/predict.py",
         old="      buffered.append(_columns(rows[keep], {n: v[keep] for n, v in values.items()},\n",
         new="      buffered.append(_columns(rows, values,\n",

@@ -66,9 +66,9 @@ class Output:
     index = len(self.chunks)
     first, end = self.chunk_range(index)
     rows = columns[ROW_INDEX]
-    if len(rows) != end - first or (len(rows) and (rows[0] != first or rows[-1] != end - 1)):
-      raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} are not "
-                           f"{first}..{end - 1}")
+    if not np.array_equal(rows, np.arange(first, end)):  # each row once, in order
+      raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} ({len(rows)}) are "
+                           f"not {first}..{end - 1}")
     name = f"part-{index:05d}-of-{self.num_chunks:05d}"
     parquet = _write_parquet(os.path.join(self.directory, PARQUET, f"{name}.parquet"), columns)
     writer = shards.Writer(os.path.join(self.directory, RECORDS,
