@@ -64,7 +64,8 @@ def cnn(tmp_path_factory):
 
 def test_rows_in_order_equal_the_export_at_any_batch_size(cnn, tmp_path):
   """1,001 rows at batch 500: each row once, in order, with its label, the export's
-  `serving_default` on that example (to 1e-5), the same bytes as at batch 100; the
+  `serving_default` on that example and softmax(model(x, training=False)) of the
+  checkpoint's weights (to 1e-5), the same bytes as at batch 100; the
   records shards hold the Parquet's rows; the manifest names the step, the model and
   the digest. Rows of another order, a partial last batch lost or doubled, or the
   trained weights where eval uses others fail here."""
@@ -92,6 +93,9 @@ def test_rows_in_order_equal_the_export_at_any_batch_size(cnn, tmp_path):
   serve = tf.saved_model.load(str(model_dir / "export" / "5")).signatures["serving_default"]
   expected = serve(inputs=tf.constant(examples.features))["probabilities"].numpy()
   np.testing.assert_allclose(np.asarray(table["probabilities"]), expected, atol=1e-5, rtol=0)
+  logits = _model_from_checkpoint(model_dir, 5)(examples.features, training=False)
+  np.testing.assert_allclose(np.asarray(table["probabilities"]), tf.nn.softmax(logits),
+                             atol=1e-5, rtol=0)
 
   with open(output / "manifest.json") as f:
     manifest = json.load(f)
@@ -103,6 +107,23 @@ def test_rows_in_order_equal_the_export_at_any_batch_size(cnn, tmp_path):
   features, labels = train.assemble(train.read_leaves(np.arange(_ROWS)))
   np.testing.assert_array_equal(labels.numpy(), np.asarray(table["probabilities"], np.float32))
   np.testing.assert_array_equal(features["index"].numpy().reshape(-1), np.arange(_ROWS))
+
+
+def _model_from_checkpoint(model_dir, step: int):
+  """The built-in CNN of _IMAGES, its weights read from the checkpoint by plain orbax."""
+  import configs  # pylint: disable=import-outside-toplevel
+  import models  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from tests.support.processes import read_checkpoint  # pylint: disable=import-outside-toplevel
+  config = configs.get("synthetic")
+  with config.unlocked():
+    config.model.conv_filters, config.model.dense_units, config.model.num_classes = 8, 16, 10
+  model = models.build(config.model, tf.TensorSpec([None, 28, 28, 1], tf.float32))
+  saved = read_checkpoint(model_dir, step, items=("model",))
+  assert len(saved) == len(model.weights), (sorted(saved), [v.path for v in model.weights])
+  for variable in model.weights:
+    variable.assign(saved[f"model/{variable.path}"])
+  return model
 
 
 def test_sigterm_at_three_moments_then_other_shapes_gives_the_same_bytes(cnn, tmp_path):
