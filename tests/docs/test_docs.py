@@ -16,7 +16,7 @@ SECTIONS = tuple(common.base_config().keys())  # model, data, train, eval, check
 # Backticked `section.field` spans that are not config fields: Keras attributes and file
 # names that happen to start with a section's name, and a function of a module.
 NOT_CONFIG_FIELDS = {
-    "model.fit", "model.losses", "model.output_names",  # a Keras model's attributes
+    "model.fit", "model.predict", "model.losses", "model.output_names",  # a Keras model's
     "train.csv", "train.npz",                           # a table's training file
     "runtime.configure",  # trainer/cluster/runtime.py's function (docs/performance.md)
     "runtime.py",         # trainer/cluster/runtime.py's name (docs/layout.md)
