@@ -4,6 +4,7 @@ space it needed, exit 1 (42 when it was the preemption save, the last complete
 checkpoint intact; 2 for a model_dir read-only from the start, bad input), no
 traceback. Each case mounts a small tmpfs (root can write through chmod, not through
 a full or read-only file system) on the part of model_dir it breaks."""
+import json
 import os
 import re
 import shutil
@@ -211,3 +212,33 @@ def test_a_full_disk_at_the_tensorboard_close_of_a_failing_run_is_a_warning(tmp_
   with pytest.raises(StorageError, match=rf"cannot write the TensorBoard train events to "
                      rf"{re.escape(str(model_dir))}/False/tensorboard/train: No space left"):
     closed[1].close()
+
+
+def test_disk_full_writing_predictions_keeps_the_committed_chunks(tmp_path, tmpfs):
+  """--mode=predict into a disk that fills after a few chunks: one line naming the chunk,
+  its rows and the rows committed, exit 1; what progress.json names is whole, the failed
+  chunk's files are gone, and the same command on a disk with room finishes the rest."""
+  model_dir = tmp_path / "model"
+  result = run_trainer(model_dir, *_FLAGS[:1], "--config.train.steps=5",
+                       "--config.data.num_train_examples=500",
+                       "--config.data.num_eval_examples=500")
+  assert result.returncode == 0, result.stderr[-3000:]
+  small = tmpfs(tmp_path / "small", "400k")  # a chunk: ~140 KB (a records shard's 128 KB)
+  predict = ["--config.train.steps=5", "--config.data.num_train_examples=500",
+             "--config.data.num_eval_examples=500", "--mode=predict",
+             "--config.predict.global_batch_size=100", "--config.predict.chunk_rows=100"]
+  result = run_trainer(model_dir, *_FLAGS[:1], *predict, f"--config.predict.output={small}")
+  line = _one_line(result.stderr, 1, result.returncode)
+  match = re.search(rf"cannot write chunk (\d) of the predictions \(rows (\d+)\.\.\d+; rows "
+                    rf"0\.\.\d+ are committed\) to {re.escape(str(small))}: No space left on "
+                    rf"device", line)
+  assert match, line
+  committed = int(match.group(1))
+  with open(small / "progress.json") as f:
+    assert len(json.load(f)["chunks"]) == committed
+  assert len(os.listdir(small / "parquet")) == committed
+  roomy = tmp_path / "roomy"
+  shutil.copytree(small, roomy)
+  result = run_trainer(model_dir, *_FLAGS[:1], *predict, f"--config.predict.output={roomy}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == 500

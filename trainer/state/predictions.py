@@ -30,6 +30,7 @@ import numpy as np
 from input_pipelines.records import manifest as records_manifest
 from input_pipelines.records import shards
 from trainer.errors import UserError
+from trainer.state import storage
 
 FORMAT = "distloop-predictions/1"
 PROGRESS = "progress.json"
@@ -70,22 +71,23 @@ class Output:
       raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} ({len(rows)}) are "
                            f"not {first}..{end - 1}")
     name = f"part-{index:05d}-of-{self.num_chunks:05d}"
-    parquet = _write_parquet(os.path.join(self.directory, PARQUET, f"{name}.parquet"), columns)
-    writer = shards.Writer(os.path.join(self.directory, RECORDS,
-                                        shards.name("train", index, self.num_chunks)),
-                           compress=False)
     try:
-      encode = _record_encoder(columns)
-      for row in range(len(rows)):
-        writer.write(encode(row))
-      records = writer.close()
-    except BaseException:
-      writer.discard()
-      raise
-    entry = {"rows": int(len(rows)), "parquet": parquet, "records": records,
-             "columns": _column_specs(columns)}
+      parquet = _write_parquet(os.path.join(self.directory, PARQUET, f"{name}.parquet"),
+                               columns)
+      records = _write_records(os.path.join(self.directory, RECORDS,
+                                            shards.name("train", index, self.num_chunks)),
+                               columns)
+      entry = {"rows": int(len(rows)), "parquet": parquet, "records": records,
+               "columns": _column_specs(columns)}
+      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))
+    except (OSError, RuntimeError, ValueError) as e:  # a full disk: one line (exit 1)
+      if storage.reason(e) is None:
+        raise
+      _remove_uncommitted(self)
+      committed = f"rows 0..{first - 1} are committed" if first else "no row is committed yet"
+      raise storage.failure(f"chunk {index} of the predictions (rows {first}..{end - 1}; "
+                            f"{committed})", self.directory, e) from None
     self.chunks.append(entry)
-    _write_json(os.path.join(self.directory, PROGRESS), self._progress())
     return entry
 
   def finish(self, summary: dict) -> dict:
@@ -120,9 +122,9 @@ class Output:
       os.close(self._lock_fd)
       self._lock_fd = None
 
-  def _progress(self) -> dict:
+  def _progress(self, chunks=None) -> dict:
     return {"format": FORMAT, "identity": self.identity, "num_rows": self.num_rows,
-            "chunk_rows": self.chunk_rows, "chunks": self.chunks}
+            "chunk_rows": self.chunk_rows, "chunks": self.chunks if chunks is None else chunks}
 
 
 def finished(directory: str, identity: dict) -> dict | None:
@@ -239,6 +241,19 @@ def _write_parquet(path: str, columns: dict) -> dict:
   os.replace(temporary, path)
   return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
           "sha256": shards.file_sha256(path)}
+
+
+def _write_records(path: str, columns: dict) -> dict:
+  """One records shard of `columns`' rows (written, read back and checked, renamed)."""
+  writer = shards.Writer(path, compress=False)
+  try:
+    encode = _record_encoder(columns)
+    for row in range(len(columns[ROW_INDEX])):
+      writer.write(encode(row))
+    return writer.close()
+  except BaseException:
+    writer.discard()
+    raise
 
 
 def _record_spec(column: dict) -> dict:
