@@ -414,10 +414,10 @@ def task_mode(mode: str) -> str:
   exports: only the chief writes into model_dir."""
   if not is_evaluator_task():
     return mode
-  if mode == "export":
-    raise UserError("--mode=export: this process is the evaluator task of its cluster "
-                    "(TF_CONFIG task type 'evaluator'), which only reads model_dir; export "
-                    "without TF_CONFIG (or on the chief)")
+  if mode in ("export", "predict"):
+    raise UserError(f"--mode={mode}: this process is the evaluator task of its cluster "
+                    f"(TF_CONFIG task type 'evaluator'), which only reads model_dir; "
+                    f"{mode} without TF_CONFIG (or on the chief)")
   return mode if mode == "eval" else "continuous_eval"
 
 

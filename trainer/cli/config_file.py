@@ -9,7 +9,7 @@ loads the file.
   --config=PATH.py[:ARG]    that file (get_config(ARG) if ARG is given)
   --config=DIR/config.json  the config a run recorded there (configs/recorded.py)
   no --config               model_dir/config.json if model_dir holds one (any mode:
-                            eval, export, continuous_eval and a resume run the
+                            eval, export, continuous_eval, predict and a resume run the
                             model trained there); else `synthetic` for train and
                             train_and_eval, and a refusal for the modes that read
                             a model_dir (nothing there to read)
@@ -35,7 +35,7 @@ from trainer.state import model_dir as layout
 from trainer.setup import module_names
 from trainer.errors import UserError
 
-READING_MODES = ("eval", "export", "continuous_eval")
+READING_MODES = ("eval", "export", "continuous_eval", "predict")
 _DEFAULT = "synthetic"
 
 
