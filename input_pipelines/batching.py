@@ -116,7 +116,7 @@ def train_dataset(source: Source, *, seed: int, global_batch_size: int, start_ex
     if salted:
       order_seed += tf.cast(tf.timestamp() * 1e6, tf.int64)
     read = _reader(source, stream, decode=not decode_on_device)
-    if _bucketed(source):
+    if grouped_by_length(source):
       positioned = _bucketed_train(source, read, start_example, global_batch_size,
                                    per_replica, share, order_seed)
     elif preprocess is None:  # the positions are not needed: never carried per element
@@ -338,8 +338,9 @@ def _variable(source: IndexableSource) -> bool:
                                             for shape, _ in source.leaf_specs())
 
 
-def _bucketed(source: IndexableSource) -> bool:
-  """Whether training batches are grouped by length (`data.bucket_window`)."""
+def grouped_by_length(source: IndexableSource) -> bool:
+  """Whether training batches are grouped by length (`data.bucket_window`): their rows
+  are then not a range of positions (python -m trainer.inspect refuses them)."""
   return _variable(source) and source.padding.window > 0
 
 

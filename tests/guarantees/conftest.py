@@ -37,6 +37,7 @@ import time
 
 import pytest
 
+from trainer.loop import digests as digests_module
 from tests.support.cli import run_trainer
 from tests.guarantees import catalogue
 from tests.support.processes import TrainerProcess
@@ -44,7 +45,9 @@ from tests.support.processes import read_checkpoint as arrays  # noqa: F401  (te
 
 # Default threading, as users run it: every run is deterministic (catalogue.COMMON), which
 # fixes the threads per op whatever the replicas or cores (trainer/cluster/runtime.py).
-ENV: dict = {}
+# Every run records its variables' digests at each loop boundary, as `python -m
+# trainer.verify`'s runs do (trainer/loop/digests.py): the resume checks judge with verify.
+ENV: dict = {digests_module.ENV: "1"}
 TIMEOUT = 300
 
 

@@ -17,6 +17,8 @@ import shutil
 import numpy as np
 import pytest
 
+from trainer.verify import checks as verify
+from trainer.verify import report
 from tests.guarantees import catalogue
 from tests.guarantees.conftest import (BUCKET_CHECKS, BUCKET_FLAGS, BUCKET_SHAPES,
                                        BUCKET_WORKLOADS, ORDER_SHAPES, SHAPES, STORAGES, arrays,
@@ -75,6 +77,7 @@ def test_sigterm_resume_equals_uninterrupted(runs, store, name, shape, storage):
   reference, _ = runs.uninterrupted(name, shape)
   run = runs.interrupted(name, shape, store)
   assert run.stopped_at < run.restored < run.killed_after, run  # written after the resume
+  assert_verified(reference, run, "sigterm")
   assert_same(arrays(run.model_dir, run.restored), arrays(reference, run.restored),
               RESUME_TOLERANCE, f"step {run.restored} after a SIGTERM at {run.stopped_at}")
   if not catalogue.BY_NAME[name].evaluates:
@@ -100,6 +103,7 @@ def test_sigkill_resume_equals_uninterrupted(runs, store, name, shape, storage):
   reference, expected = runs.uninterrupted(name, shape)
   run = runs.interrupted(name, shape, store)
   assert run.restored % 10 == 0 and run.restored < run.killed_after, run
+  assert_verified(reference, run, "sigkill")
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(reference, catalogue.STEPS),
               RESUME_TOLERANCE, f"the end, after a SIGKILL at step {run.killed_after}")
   with open(os.path.join(str(run.model_dir), "summary.json")) as f:
@@ -107,6 +111,21 @@ def test_sigkill_resume_equals_uninterrupted(runs, store, name, shape, storage):
   assert_same({key: summary.get(key, np.nan) for key in _eval_values(expected)},
               {key: expected[key] for key in _eval_values(expected)}, RESUME_TOLERANCE,
               f"the final eval after a SIGKILL at step {run.killed_after} (summary.json)")
+
+
+def assert_verified(reference, run, name: str) -> None:
+  """`python -m trainer.verify`'s judgment of the resume `name` (repeat, sigterm, sigkill)
+  on the workload's runs, from the digests every run of the matrix records at each loop
+  boundary (conftest.ENV): the product's own check, on every workload; a difference
+  names its first step and variable. A bucket's runs record none (judged by the rest)."""
+  if run.url is not None:
+    return
+  judged = {check.name: check for check in verify.judge_chain(
+      str(reference), str(run.model_dir), stopped=run.stopped_at, restored=run.restored,
+      last=catalogue.STEPS, killed=f"at step {run.killed_after}")}
+  for check in ([judged["repeat"], judged["sigterm"]] if name == "sigterm"
+                else [judged["sigkill"]]):
+    assert check.holds, report.table([check])
 
 
 def _eval_values(summary: dict) -> list[str]:

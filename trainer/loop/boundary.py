@@ -40,9 +40,12 @@ class LoopBoundary(actions.Boundary):
   """A Boundary as the Trainer hands it to the Actions, with what distloop's own read (a
   user's Action is not promised them; they stay out of repr and comparisons): the loop's
   `position` (None where no loop of this process stands behind the boundary: before
-  training, in eval and export modes), and the `loop` that just ended (None at a phase)."""
+  training, in eval and export modes), the `loop` that just ended (None at a phase), and
+  the task's keyed `state` (trainer/state/task_state.py: what its checkpoints hold, which
+  `python -m trainer.verify` digests at each boundary: trainer/verify/digests.py)."""
   position: Position | None = dataclasses.field(default=None, repr=False, compare=False)
   loop: Loop | None = dataclasses.field(default=None, repr=False, compare=False)
+  state: object = dataclasses.field(default=None, repr=False, compare=False)
 
 
 class BoundaryWork:

@@ -35,6 +35,7 @@ from trainer.cluster.agreement import Agreement
 from trainer.errors import Preempted, StorageError
 from trainer.loop import actions as actions_module
 from trainer.loop import assembly
+from trainer.loop import digests
 from trainer.loop import metrics_log
 from trainer.loop import mlflow_log
 from trainer.loop import profiling
@@ -87,7 +88,8 @@ class Trainer:
     # train.epochs (trainer/setup/epochs.py): config.train.steps were derived from the newest
     # checkpoint's data position; the one restored must make the same steps.
     self._epoch_plan = epoch_plan
-    self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions]
+    self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions,
+                          *digests.requested()]  # python -m trainer.verify's digests
     # The user's actions at the run's phases (restored, eval, export, summary).
     self._phases = actions_module.Schedule(self._user_actions, config.train.steps)
     self._batches = TrainBatches(config, self.train_source)  # data.preprocess checked
@@ -290,7 +292,7 @@ class Trainer:
         step=step, train=dict(train_metrics), eval=self._eval_metrics,
         evaluated=self._evaluated_at == step, model_dir=self.model_dir,
         is_chief=self.is_chief, task=self.task, final=step >= self.config.train.steps,
-        position=position, loop=loop)
+        position=position, loop=loop, state=self.state)
 
   def _batches_from(self, position: Position):
     """The global batch sequence from `position` on (trainer/loop/batches.py)."""

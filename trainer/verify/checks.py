@@ -1,0 +1,381 @@
+"""The user's job run the ways a guarantee names, each judged against its bound.
+
+Every run is a fresh `python -m trainer` process in its own scratch model_dir, with the
+user's flags, then verify's own (`run_flags`: `--steps` steps of one step per loop, a
+checkpoint every `interval`, every step kept, `runtime.deterministic=true`) and
+DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step).
+
+    reference   uninterrupted, on 1 replica
+    chain       one model_dir, three processes: SIGTERM at a step (exit 42), resumed,
+                SIGKILLed at a random moment (a seeded step, then a random delay),
+                resumed to the end. Its steps up to the SIGTERM judge `repeat` (the same
+                job, another process), those its second process kept `sigterm`, the rest
+                `sigkill`: each bit for bit against the reference, step by step.
+    sgd on N    for each replica count N of --shapes (1 included): the job under plain SGD
+                (Adam is nearly blind to a gradient scaled by the replica count), each N
+                against 1 to float32 rounding (`shapes N`).
+    elastic     the SGD run on N as of its middle checkpoint, resumed on 1 replica: the
+                1-replica trajectory to rounding, or refused in one line (what distloop
+                does for a job whose steps depend on the replica count: `shapes N` is
+                then the refusal).
+    eval        --mode=eval of the reference's last step in a fresh process = the eval
+                the reference reported at its end, bit for bit.
+    export      --mode=export of that step in a fresh process = the export the reference
+                wrote, every variable bit for bit.
+
+A difference is named by the first step and variable where it appears (the digests), and
+what usually causes it (report.py). Two tracks of processes run side by side (the
+reference's and the SGD runs'): a deterministic run's numbers do not depend on the load.
+"""
+import concurrent.futures
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from typing import Callable
+
+import numpy as np
+
+from trainer.loop import digests
+from trainer.verify import processes
+
+BIT_FOR_BIT = "bit for bit"
+ROUNDING = "float32 rounding"
+REFUSED = "refused in one line"
+# Another replica count sums each step in another order: a few ulps per step, carried
+# along (docs/guarantees.md). The bound at step t is t * this, on every sampled value: a
+# reduction counted twice or missing moves a weight by lr * gradient at step 1 already.
+ROUNDING_PER_STEP = 2e-7
+SGD = ("--config.train.optimizer=sgd", "--config.train.optimizer_args=")
+EXIT_PREEMPTED = 42
+
+
+@dataclasses.dataclass
+class Check:
+  """One row of the report."""
+  name: str
+  bound: str                          # BIT_FOR_BIT | ROUNDING | REFUSED
+  holds: bool | None = None           # None: not judged (why: `note`)
+  largest: float | None = None        # the largest difference measured
+  tolerance: float | None = None
+  first_step: int | None = None       # where the runs first part
+  first_variable: str | None = None
+  note: str = ""
+
+
+@dataclasses.dataclass
+class Job:
+  """The user's job as verify runs it."""
+  flags: tuple[str, ...]    # the user's --config and --config.FIELD=VALUE flags, as typed
+  scratch: str              # a folder of its own: one model_dir per run
+  steps: int = 12
+  shapes: tuple[int, ...] = (1, 2)
+  seed: int = 0             # chooses the SIGKILL's moment
+  timeout: float = 600.0    # per process
+  log: Callable[[str], None] = print
+
+  @property
+  def interval(self) -> int:
+    return max(2, self.steps // 4)
+
+  def run_flags(self, replicas: int = 1, *extra: str) -> list[str]:
+    layout = (() if replicas == 1 else ("--config.runtime.strategy=mirrored",
+                                        f"--config.runtime.num_cpu_devices={replicas}"))
+    return [*self.flags, f"--config.train.steps={self.steps}",
+            "--config.train.steps_per_loop=1", f"--config.checkpoint.interval={self.interval}",
+            f"--config.checkpoint.max_to_keep={self.steps + 1}",
+            "--config.checkpoint.interval_seconds=0", "--config.runtime.deterministic=true",
+            *layout, *extra]
+
+  def process(self, model_dir: str, flags: list[str]) -> processes.TrainerProcess:
+    return processes.TrainerProcess(model_dir, *flags, env={digests.ENV: "1"})
+
+
+class JobFailed(Exception):
+  """A run of the job did not train: its exit code and its last error line."""
+
+  def __init__(self, what: str, code: int, output: str):
+    self.code = code
+    lines = [line for line in output.splitlines() if line.strip()]
+    self.line = lines[-1] if lines else "(no output)"
+    super().__init__(f"{what}: exit {code}: {self.line}")
+
+
+def _finished(job: Job, process, what: str) -> str:
+  code = process.finish(job.timeout)
+  if code != 0:
+    raise JobFailed(what, code, process.output)
+  return process.output
+
+
+def _run(job: Job, name: str, flags: list[str]) -> str:
+  model_dir = os.path.join(job.scratch, name)
+  job.log(f"verify: {name}")
+  _finished(job, job.process(model_dir, flags), name)
+  return model_dir
+
+
+def _summary(model_dir: str) -> dict:
+  try:
+    with open(os.path.join(model_dir, "summary.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _config(model_dir: str) -> dict:
+  with open(os.path.join(model_dir, "config.json")) as f:
+    return json.load(f)
+
+
+def certify(job: Job) -> list[Check]:
+  """Runs the job every way (module docstring) and returns the checks, in report order.
+  JobFailed if the reference run itself does not train (a refusal, a failure)."""
+  os.makedirs(job.scratch, exist_ok=True)
+  reference = _run(job, "reference", job.run_flags())
+  sgd_flags = () if _config(reference)["train"]["optimizer"] == "sgd" else SGD
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    chained = pool.submit(_chain_track, job, reference)
+    shaped = pool.submit(_shapes_track, job, sgd_flags)
+    return [*chained.result(), *shaped.result()]
+
+
+# -- the reference's track: repeat, sigterm, sigkill, eval, export ----------------------
+
+def _chain_track(job: Job, reference: str) -> list[Check]:
+  checks = _chain(job, reference)
+  return [*checks, _eval(job, reference), _export(job, reference)]
+
+
+def _chain(job: Job, reference: str) -> list[Check]:
+  chain = os.path.join(job.scratch, "chain")
+  flags = job.run_flags()
+  stop_at = max(1, job.steps // 4)
+  job.log(f"verify: chain: SIGTERM at step {stop_at}")
+  first = job.process(chain, flags)
+  code = first.stop_at(rf"step {stop_at}/{job.steps}\b", timeout=job.timeout)
+  if code != EXIT_PREEMPTED:
+    raise JobFailed("chain (SIGTERM)", code, first.output)
+  stopped = int(re.search(r"preempted at step (\d+)", first.output).group(1))
+
+  # A step after the first checkpoint past the SIGTERM, then a moment within the next step
+  # (as long as the reference's steps took): the kill lands mid-step, before the end.
+  picker = random.Random(job.seed)
+  kill_after = picker.randint(min(stopped + job.interval + 1, job.steps - 2), job.steps - 2)
+  summary = _summary(reference)
+  delay = picker.uniform(0.0, summary.get("train_time_sec", 0.0) / job.steps)
+  job.log(f"verify: chain: resumed, SIGKILL {delay:.3f} s after step {kill_after}")
+  second = job.process(chain, flags)
+  try:
+    second.wait_for(rf"step {kill_after}/{job.steps}\b", timeout=job.timeout)
+    time.sleep(delay)
+    second.send(signal.SIGKILL)
+  except processes.Failed:
+    pass  # ended first: its code says how
+  code = second.finish(job.timeout)
+  if code not in (0, -signal.SIGKILL):
+    raise JobFailed("chain (resumed after SIGTERM)", code, second.output)
+
+  job.log("verify: chain: resumed after the SIGKILL")
+  third = _finished(job, job.process(chain, flags), "chain (resumed after SIGKILL)")
+  restored = re.search(r"Restored checkpoint at step (\d+)", third)
+  restored = int(restored.group(1)) if restored else job.steps
+  return judge_chain(reference, chain, stopped=stopped, restored=restored,
+                     last=job.steps, killed=f"after step {kill_after} (+{delay:.3f} s)")
+
+
+def judge_chain(reference: str, chain: str, *, stopped: int, restored: int, last: int,
+                killed: str) -> list[Check]:
+  """[repeat, sigterm, sigkill] of a chain's model_dir against the uninterrupted
+  `reference`, step by step (the steps both recorded), bit for bit, then the end: the
+  checkpoints of `last` and the eval each reported (summary.json). `stopped`: the step
+  the SIGTERM saved; `restored`: the step the run after the SIGKILL resumed from. The
+  guarantee harness judges its workloads' resumes with this too
+  (tests/guarantees/test_matrix.py)."""
+  ours, theirs = digests.read(reference), digests.read(chain)
+  end = last + 1
+  sigterm_until = restored if restored > stopped else last
+  segments = [
+      ("repeat", f"another process of the same job, steps 1-{stopped}", range(1, stopped + 1)),
+      ("sigterm", f"SIGTERM at step {stopped}, resumed: steps {stopped + 1}-{sigterm_until}",
+       range(stopped + 1, sigterm_until + 1)),
+      ("sigkill", f"SIGKILL {killed}, resumed from step {restored}: steps {restored + 1}-"
+                  f"{last}", range(restored + 1, end)),
+  ]
+  checks, parted = [], None
+  for name, what, steps in segments:
+    check = Check(name, BIT_FOR_BIT, tolerance=0.0, note=what)
+    if parted is not None:
+      check.note = f"not judged: the runs parted earlier ({parted})"
+    else:
+      _judge(check, ours, theirs, steps, 0.0)
+      if check.holds is False:
+        parted = name
+    checks.append(check)
+  if parted is None:  # the end: every variable, and what eval reported (which sees more)
+    final = _final_difference(reference, chain, last)
+    evals = _eval_difference(_summary(reference), _summary(chain))
+    if final[1] or evals[1]:
+      last_check = checks[-1]
+      last_check.holds, last_check.first_step = False, last
+      last_check.largest, last_check.first_variable = max((final, evals),
+                                                          key=lambda f: f[0])[:2]
+  return checks
+
+
+def _judge(check: Check, ours: dict, theirs: dict, steps, tolerance) -> None:
+  """Sets check.holds and where the runs part (tolerance: a number, or per step), on the
+  steps of `steps` both runs recorded (a loop boundary of each: every step of verify's
+  runs); not judged (None) if there is none."""
+  steps = [step for step in steps if step in ours and step in theirs]
+  if not steps:
+    check.note += " (no step both runs recorded: not judged)"
+    return
+  check.largest = 0.0
+  for step in steps:
+    bound = tolerance(step) if callable(tolerance) else tolerance
+    found = digests.first_difference(ours, theirs, [step], bound)
+    if found is not None:
+      check.holds = False
+      check.first_step, check.first_variable, check.largest = found
+      return
+    check.largest = max(check.largest, max(
+        (digests.sample_difference(ours[step][key], theirs[step][key])
+         for key in ours[step]), default=0.0))
+  check.holds = True
+
+
+def _final_difference(ours: str, theirs: str, step: int) -> tuple[float, str | None]:
+  """(largest difference, first differing key) of two runs' checkpoints of `step`."""
+  a, b = processes.read_checkpoint(ours, step), processes.read_checkpoint(theirs, step)
+  worst, first = 0.0, None
+  for key in a:
+    if key not in b or a[key].shape != b[key].shape:
+      return float("inf"), key
+    if a[key].tobytes() != b[key].tobytes():
+      first = first or key
+      worst = max(worst, float(np.max(np.abs(a[key].astype(np.float64)
+                                             - b[key].astype(np.float64)))))
+  return worst, first
+
+
+def _eval_difference(ours: dict, theirs: dict) -> tuple[float, str | None]:
+  worst, first = 0.0, None
+  for key, value in ours.items():
+    if key.startswith("eval_") and not key.endswith("_sec") and isinstance(value, float):
+      other = theirs.get(key)
+      if other != value:
+        first = first or f"summary.json {key}"
+        worst = max(worst, abs(value - other) if isinstance(other, float) else float("inf"))
+  return worst, first
+
+
+def _eval(job: Job, reference: str) -> Check:
+  check = Check("eval", BIT_FOR_BIT, tolerance=0.0,
+                note=f"--mode=eval of step {job.steps} in a fresh process = the eval "
+                     f"training reported at its end")
+  summary = _summary(reference)
+  if not summary.get("eval_examples"):
+    check.note = "not applicable: the job evaluates nothing (no eval_step)"
+    return check
+  job.log("verify: eval")
+  process = job.process(reference, [*job.run_flags(), "--mode=eval"])
+  output = _finished(job, process, "--mode=eval")
+  evaluated = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+  worst, first = _eval_difference(
+      summary, {f"eval_{key}": value for key, value in evaluated.items()})
+  check.holds, check.largest = first is None, worst
+  if first:
+    check.first_step, check.first_variable = job.steps, first
+  return check
+
+
+def _export(job: Job, reference: str) -> Check:
+  check = Check("export", BIT_FOR_BIT, tolerance=0.0,
+                note=f"--mode=export of step {job.steps} in a fresh process = the export "
+                     f"training wrote")
+  written = os.path.join(reference, "export", str(job.steps))
+  if not os.path.isdir(written):
+    check.note = "not applicable: the job exports nothing"
+    return check
+  again = os.path.join(job.scratch, "export")
+  shutil.copytree(reference, again, ignore=lambda directory, names: [
+      name for name in names if directory == reference and name in (
+          "export", "summary.json", "finished.json")])
+  job.log("verify: export")
+  _finished(job, job.process(again, [*job.run_flags(), "--mode=export"]), "--mode=export")
+  worst, first = _export_difference(written, os.path.join(again, "export", str(job.steps)))
+  check.holds, check.largest = first is None, worst
+  if first:
+    check.first_step, check.first_variable = job.steps, first
+  return check
+
+
+def _export_difference(ours: str, theirs: str) -> tuple[float, str | None]:
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  a = tf.train.load_checkpoint(os.path.join(ours, "variables", "variables"))
+  b = tf.train.load_checkpoint(os.path.join(theirs, "variables", "variables"))
+  shapes = a.get_variable_to_shape_map()
+  if shapes != b.get_variable_to_shape_map():
+    return float("inf"), "the export's variables"
+  worst, first = 0.0, None
+  for name in sorted(shapes):
+    x, y = np.asarray(a.get_tensor(name)), np.asarray(b.get_tensor(name))
+    if x.tobytes() != y.tobytes():
+      first = first or name
+      if x.dtype.kind in "fiu":
+        worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+  return worst, first
+
+
+# -- the SGD track: shapes and elastic ---------------------------------------------------
+
+def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
+  if len(job.shapes) < 2:
+    return []
+  runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags)) for n in job.shapes}
+  one = digests.read(runs[1])
+  checks = []
+  for n in job.shapes[1:]:
+    elastic = _elastic(job, runs[n], runs[1], n, sgd_flags)
+    shape = Check(f"shapes {n}", ROUNDING, tolerance=ROUNDING_PER_STEP * job.steps,
+                  note=f"{n} replicas against 1, plain SGD, steps 1-{job.steps} (bound "
+                       f"{ROUNDING_PER_STEP:.0e} per step)")
+    if elastic.bound == REFUSED:
+      shape.bound = REFUSED
+      shape.note = ("not judged: the job's steps depend on the replica count, so distloop "
+                    "refuses to resume it on another (elastic)")
+    else:
+      _judge(shape, one, digests.read(runs[n]), range(1, job.steps + 1),
+             lambda step: ROUNDING_PER_STEP * step)
+    checks += [shape, elastic]
+  return checks
+
+
+def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:
+  middle = (job.steps // 2) // job.interval * job.interval or job.interval
+  check = Check(f"elastic {n}->1", ROUNDING, tolerance=ROUNDING_PER_STEP * job.steps,
+                note=f"step {middle} of {n} replicas resumed on 1: steps {middle + 1}-"
+                     f"{job.steps} against 1 replica's")
+  resumed = os.path.join(job.scratch, f"elastic-{n}")
+  later = {str(step) for step in range(middle + 1, job.steps + 1)}
+  shutil.copytree(run, resumed, ignore=lambda directory, names: [
+      name for name in names
+      if (directory == os.path.join(run, "checkpoints") and name in later)
+      or (directory == run and name in ("export", "summary.json", "finished.json"))])
+  job.log(f"verify: elastic {n}->1")
+  process = job.process(resumed, job.run_flags(1, *sgd_flags))
+  code = process.finish(job.timeout)
+  if code == 2:
+    check.bound, check.holds = REFUSED, True
+    check.note = "refused: " + JobFailed("", code, process.output).line
+    return check
+  if code != 0:
+    raise JobFailed(f"elastic {n}->1", code, process.output)
+  _judge(check, digests.read(one), digests.read(resumed), range(middle + 1, job.steps + 1),
+         lambda step: ROUNDING_PER_STEP * step)
+  return check
