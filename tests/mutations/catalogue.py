@@ -405,4 +405,42 @@ CATALOGUE = [
         new="    return tf.stack([tf.fill(tf.shape(self.rows), base[0] * 1_000_003 + base[1]), "
             "tf.range(tf.size(self.rows, out_type=tf.int64))],\n",
         slice=("tests/outputs/test_predict.py::test_gan_samples_are_a_function_of_the_row",)),
+
+    # -- python -m trainer.verify and trainer.inspect: the certifier of a user's job --------
+    Mutation(
+        name="verify_judges_a_run_against_itself",
+        plants="verify's resume checks read the reference's digests for both runs: checks "
+               "that cannot fail",
+        file="trainer/verify/checks.py",
+        old="  ours, theirs = digests.read(reference), digests.read(chain)\n",
+        new="  ours, theirs = digests.read(reference), digests.read(reference)\n",
+        slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
+               "and_variable[python_counter]",)),
+    Mutation(
+        name="verify_rounding_bound_too_loose",
+        plants="verify's bound on another replica count is 1e-3 a step, not float32 rounding: "
+               "a loss over the replica's batch passes",
+        file="trainer/verify/checks.py",
+        old="ROUNDING_PER_STEP = 2e-7\n",
+        new="ROUNDING_PER_STEP = 1e-3\n",
+        slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
+               "and_variable[loss_over_the_replica_batch]",)),
+    Mutation(
+        name="digests_miss_a_variable",
+        plants="the digests leave out the first variable a checkpoint holds: verify names "
+               "another one as the first to part",
+        file="trainer/loop/digests.py",
+        old="  return {key: of_array(np.asarray(variable.numpy())) for key, variable in keyed.items()}\n",
+        new="  return {key: of_array(np.asarray(variable.numpy())) for key, variable in "
+            "list(keyed.items())[1:]}\n",
+        slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
+               "and_variable[python_counter]",)),
+    Mutation(
+        name="inspect_counts_the_step_itself",
+        plants="inspect counts the examples of step N itself before global batch N (off by "
+               "one step)",
+        file="trainer/inspect/__init__.py",
+        old="  for trained in range(anchor + 1, step):\n",
+        new="  for trained in range(anchor + 1, step + 1):\n",
+        slice=("tests/verify/test_inspect.py::test_inspect_names_the_rows_each_step_read[1]",)),
 ]

@@ -9,6 +9,7 @@ import pytest
 
 from trainer.verify import __main__ as verify_cli
 from tests.support.cli import REPO, user_environment
+from tests.support.processes import loopback_only, needs_loopback
 
 DEFECTS = "tests.plugins.verify_defects"
 # A Task of the plug-in contract on 256 learnable examples, batch 16.
@@ -16,11 +17,11 @@ TASK = ("--config=synthetic", f"--config.data.name={DEFECTS}:in_order",
         "--config.train.global_batch_size=16")
 
 
-def verify(tmp_path, *flags: str):
+def verify(tmp_path, *flags: str, prefix=()):
   """(exit code, stderr, the --json report) of the command line."""
   report = tmp_path / "report.json"
   completed = subprocess.run(
-      [sys.executable, "-m", "trainer.verify", f"--scratch={tmp_path / 'runs'}",
+      [*prefix, sys.executable, "-m", "trainer.verify", f"--scratch={tmp_path / 'runs'}",
        f"--json={report}", *flags], capture_output=True, text=True, cwd=REPO, timeout=900,
       env=user_environment())
   return (completed.returncode, completed.stdout + completed.stderr,
@@ -112,11 +113,26 @@ def test_a_job_whose_steps_depend_on_the_replica_count_is_refused_not_compared(t
   assert found["shapes 2"]["verdict"] == "n/a" and found["shapes 2"]["bound"] == "refused in one line"
 
 
+@pytest.mark.slow
+@needs_loopback
+def test_workers_train_the_replicas_of_one_process_bit_for_bit(tmp_path):
+  """--workers=2: the job on 2 processes (python -m trainer.launch, on loopback) against 2
+  replicas in one process: every step's digests equal, the end bit for bit."""
+  code, output, report = verify(tmp_path, "--config=synthetic", "--shapes=1", "--workers=2",
+                                prefix=loopback_only())
+  assert code == 0, output[-3000:]
+  found = rows(report)
+  assert "shapes 2" not in found  # --shapes=1: no shape checks, the workers' own run of 2
+  assert found["workers 2"]["verdict"] == "holds", found
+  assert found["workers 2"]["largest"] == 0.0 and found["workers 2"]["bound"] == "bit for bit"
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--config=synthetic", "--shapes=2,1"], "1 first"),
     (["--config=synthetic", "--steps=3"], "at least 8"),
     (["--config=synthetic", "--model_dir=/tmp/x"], "no --model_dir"),
     (["--config=synthetic", "--epochs=2"], "unexpected arguments: --epochs=2"),
+    (["--config=synthetic", "--workers=1"], "2 or more"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
   assert verify_cli.main(argv) == 2

@@ -1,5 +1,5 @@
 """`python -m trainer.verify --config=... [--config.FIELD=VALUE ...] [--steps=N]
-[--shapes=1,2] [--seed=S] [--scratch=DIR] [--keep] [--json=FILE]`
+[--shapes=1,2] [--workers=W] [--seed=S] [--scratch=DIR] [--keep] [--json=FILE]`
 
 Runs the job the flags describe (as `python -m trainer` would train it) every way a
 guarantee names, briefly, and prints a table: each check, whether it holds, the largest
@@ -28,6 +28,10 @@ def _parse(argv: list[str]):
   parser.add_argument("--shapes", default="1,2",
                       help="replica counts to compare, 1 first (default 1,2; 1 alone: no "
                            "shape checks)")
+  parser.add_argument("--workers", type=int, default=0,
+                      help="also run the job on this many worker processes (python -m "
+                           "trainer.launch, on this machine): bit for bit against as many "
+                           "replicas in one process")
   parser.add_argument("--seed", type=int, default=0, help="chooses the SIGKILL's moment")
   parser.add_argument("--scratch", default="",
                       help="where the runs' model_dirs go (default: a temporary folder, "
@@ -46,7 +50,7 @@ def _parse(argv: list[str]):
   if others:
     raise ValueError(f"unexpected arguments: {' '.join(others)} (verify takes the job's "
                      f"--config and --config.FIELD=VALUE flags, and its own: --steps, "
-                     f"--shapes, --seed, --scratch, --keep, --json, --timeout)")
+                     f"--shapes, --workers, --seed, --scratch, --keep, --json, --timeout)")
   if known.steps < 8:
     raise ValueError(f"--steps={known.steps}: verify needs at least 8 (a SIGTERM, a "
                      f"checkpoint and a SIGKILL after it)")
@@ -56,6 +60,8 @@ def _parse(argv: list[str]):
     shapes = ()
   if not shapes or shapes[0] != 1 or any(n < 1 for n in shapes) or len(set(shapes)) < len(shapes):
     raise ValueError(f"--shapes={known.shapes}: replica counts, 1 first, e.g. 1,2")
+  if known.workers == 1 or known.workers < 0:
+    raise ValueError(f"--workers={known.workers}: 2 or more (one process is every other run)")
   return known, tuple(config_flags), shapes
 
 
@@ -75,15 +81,18 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return EXIT_BAD_INPUT
   job = checks_module.Job(config_flags, scratch, steps=known.steps, shapes=shapes,
-                          seed=known.seed, timeout=known.timeout,
+                          workers=known.workers, seed=known.seed, timeout=known.timeout,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
   try:
     try:
       checks = checks_module.certify(job)
     except checks_module.JobFailed as e:
       refused = e.code == EXIT_BAD_INPUT
-      said = (f"distloop refuses the job before its first step ({e})" if refused
-              else f"the job failed ({e})")
+      if e.what == "reference":
+        said = (f"distloop refuses the job before its first step: {e.line}" if refused
+                else f"the job failed: {e.line}")
+      else:
+        said = f"the {e.what} run {'was refused' if refused else 'failed'}: {e.line}"
       print(f"verify: {said}", file=sys.stderr)
       if known.json:
         with open(known.json, "w") as f:
@@ -94,7 +103,8 @@ def main(argv: list[str]) -> int:
     if known.json:
       with open(known.json, "w") as f:
         f.write(report.as_json(checks, flags=list(config_flags), steps=known.steps,
-                               shapes=list(shapes), seed=known.seed) + "\n")
+                               shapes=list(shapes), workers=known.workers,
+                               seed=known.seed) + "\n")
     return EXIT_OK if all(check.holds is not False for check in checks) else EXIT_DIFFERS
   finally:
     if not known.keep and not known.scratch:

@@ -12,8 +12,9 @@ DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step
                 job, another process), those its second process kept `sigterm`, the rest
                 `sigkill`: each bit for bit against the reference, step by step.
     sgd on N    for each replica count N of --shapes (1 included): the job under plain SGD
-                (Adam is nearly blind to a gradient scaled by the replica count), each N
-                against 1 to float32 rounding (`shapes N`).
+                (Adam is nearly blind to a gradient scaled by the replica count), N
+                replicas of a MirroredStrategy in one process, each N against 1 to
+                float32 rounding (`shapes N`).
     elastic     the SGD run on N as of its middle checkpoint, resumed on 1 replica: the
                 1-replica trajectory to rounding, or refused in one line (what distloop
                 does for a job whose steps depend on the replica count: `shapes N` is
@@ -22,6 +23,8 @@ DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step
                 the reference reported at its end, bit for bit.
     export      --mode=export of that step in a fresh process = the export the reference
                 wrote, every variable bit for bit.
+    workers W   with --workers=W: the SGD job on W processes of one replica each
+                (python -m trainer.launch) = W replicas in one process, bit for bit.
 
 A difference is named by the first step and variable where it appears (the digests), and
 what usually causes it (report.py). Two tracks of processes run side by side (the
@@ -74,6 +77,7 @@ class Job:
   scratch: str              # a folder of its own: one model_dir per run
   steps: int = 12
   shapes: tuple[int, ...] = (1, 2)
+  workers: int = 0          # > 1: also the job on this many workers (python -m trainer.launch)
   seed: int = 0             # chooses the SIGKILL's moment
   timeout: float = 600.0    # per process
   log: Callable[[str], None] = print
@@ -82,9 +86,11 @@ class Job:
   def interval(self) -> int:
     return max(2, self.steps // 4)
 
-  def run_flags(self, replicas: int = 1, *extra: str) -> list[str]:
-    layout = (() if replicas == 1 else ("--config.runtime.strategy=mirrored",
-                                        f"--config.runtime.num_cpu_devices={replicas}"))
+  def run_flags(self, replicas: int | None = None, *extra: str) -> list[str]:
+    """The job's flags and verify's; `replicas`: that many in one process (mirrored, on as
+    many logical CPU devices), None: the job's own strategy."""
+    layout = (() if replicas is None else ("--config.runtime.strategy=mirrored",
+                                           f"--config.runtime.num_cpu_devices={replicas}"))
     return [*self.flags, f"--config.train.steps={self.steps}",
             "--config.train.steps_per_loop=1", f"--config.checkpoint.interval={self.interval}",
             f"--config.checkpoint.max_to_keep={self.steps + 1}",
@@ -99,7 +105,7 @@ class JobFailed(Exception):
   """A run of the job did not train: its exit code and its last error line."""
 
   def __init__(self, what: str, code: int, output: str):
-    self.code = code
+    self.what, self.code = what, code
     lines = [line for line in output.splitlines() if line.strip()]
     self.line = lines[-1] if lines else "(no output)"
     super().__init__(f"{what}: exit {code}: {self.line}")
@@ -335,10 +341,10 @@ def _export_difference(ours: str, theirs: str) -> tuple[float, str | None]:
 # -- the SGD track: shapes and elastic ---------------------------------------------------
 
 def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
-  if len(job.shapes) < 2:
-    return []
-  runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags)) for n in job.shapes}
-  one = digests.read(runs[1])
+  counts = sorted(set(job.shapes if len(job.shapes) > 1 else ()) | (
+      {job.workers} if job.workers > 1 else set()))
+  runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags)) for n in counts}
+  one = digests.read(runs[1]) if 1 in runs else {}
   checks = []
   for n in job.shapes[1:]:
     elastic = _elastic(job, runs[n], runs[1], n, sgd_flags)
@@ -353,7 +359,37 @@ def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
       _judge(shape, one, digests.read(runs[n]), range(1, job.steps + 1),
              lambda step: ROUNDING_PER_STEP * step)
     checks += [shape, elastic]
+  if job.workers > 1:
+    checks.append(_workers(job, runs[job.workers], sgd_flags))
   return checks
+
+
+def _workers(job: Job, one_process: str, sgd_flags: tuple) -> Check:
+  """The job on `job.workers` processes of one replica each (python -m trainer.launch,
+  multi_worker_mirrored) against as many replicas in one process: the same sums in the
+  same order, so bit for bit (docs/guarantees.md)."""
+  n = job.workers
+  check = Check(f"workers {n}", BIT_FOR_BIT, tolerance=0.0,
+                note=f"{n} workers of 1 replica (python -m trainer.launch) against {n} "
+                     f"replicas in one process, plain SGD, steps 1-{job.steps}")
+  model_dir = os.path.join(job.scratch, f"workers-{n}")
+  flags = [*(flag for flag in job.run_flags(None, *sgd_flags)
+             if not flag.startswith(("--config.runtime.strategy=",
+                                     "--config.runtime.num_cpu_devices="))),
+           "--config.runtime.strategy=multi_worker_mirrored", "--config.runtime.num_cpu_devices=1"]
+  job.log(f"verify: workers {n}")
+  launched = processes.TrainerProcess(None, f"--num_workers={n}", "--max_restarts=0", "--",
+                                      f"--model_dir={model_dir}", *flags,
+                                      module="trainer.launch", env={digests.ENV: "1"})
+  _finished(job, launched, f"{n} workers")
+  _judge(check, digests.read(one_process), digests.read(model_dir), range(1, job.steps + 1),
+         0.0)
+  if check.holds:
+    worst, first = _final_difference(one_process, model_dir, job.steps)
+    if first:
+      check.holds, check.largest = False, worst
+      check.first_step, check.first_variable = job.steps, first
+  return check
 
 
 def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:

@@ -24,6 +24,9 @@ CAUSES = {
               "drawn per replica",
     "elastic": "a resume on another replica count parts by more than rounding: a reduction "
                "outside the StepContext, or randomness drawn per replica",
+    "workers": "workers part from as many replicas in one process: a reduction or a value "
+               "of your own that depends on the worker (the task id, the host, a file "
+               "only the chief reads), or data read outside distloop's position",
     "eval": "eval in a fresh process differs from training's: eval reads state no checkpoint "
             "holds, or eval_step draws randomness",
     "export": "the export of the checkpoint differs from training's: export() reads state no "
