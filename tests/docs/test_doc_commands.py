@@ -57,7 +57,7 @@ def clone(tmp_path_factory):
   def run(command: str, prefix=()) -> subprocess.CompletedProcess:
     if command not in ran:
       argv = as_run_here(command, folder)
-      trains = (command.startswith("python -m trainer")
+      trains = (command.startswith(("python -m trainer ", "python -m trainer.launch "))
                 and not re.search(r"--mode=(eval|continuous_eval|export|predict)", command))
       if trains and command not in FULL_RUNS:
         argv += _CHEAP

@@ -114,7 +114,15 @@ def _defined_flags(*modules):
   return names
 
 
+def _argparse_flags(module):
+  """The flags an argparse command defines (add_argument("--name", ...)), from its source."""
+  return set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (REPO / module).read_text()))
+
+
 TRAINER_FLAGS = _defined_flags("trainer/cli/main.py") | ABSL_FLAGS
+# python -m trainer.verify passes the job's --config and --config.FIELD flags on.
+VERIFY_FLAGS = _argparse_flags("trainer/verify/__main__.py") | {"config", "help"}
+INSPECT_FLAGS = _argparse_flags("trainer/inspect/__main__.py") | {"help"}
 LAUNCH_FLAGS = _defined_flags("trainer/cluster/launch.py") | ABSL_FLAGS
 CONVERT_FLAGS = _defined_flags("input_pipelines/records/convert.py") | ABSL_FLAGS
 
@@ -134,8 +142,8 @@ def _commands(text):
   a `;` or a comment."""
   found = []
   for line in _fenced(text) + _spans(text):
-    for m in re.finditer(r"(?:python -m )?\b(trainer\.launch|input_pipelines\.convert)\b"
-                         r"|python -m (trainer)\b(?!\.)", line):
+    for m in re.finditer(r"(?:python -m )?\b(trainer\.launch|trainer\.verify|trainer\.inspect"
+                         r"|input_pipelines\.convert)\b|python -m (trainer)\b(?!\.)", line):
       rest = re.split(r"\s(?:\||&&|;|#)", line[m.end():])[0]
       found.append((m.group(1) or m.group(2), rest))
   return found
@@ -152,6 +160,10 @@ def test_the_command_lines_use_only_flags_their_commands_define():
         bad += _unknown(_flag_names(trainer_args), TRAINER_FLAGS)
       elif command == "trainer":
         bad = _unknown(_flag_names(args), TRAINER_FLAGS)
+      elif command == "trainer.verify":
+        bad = _unknown(_flag_names(args), VERIFY_FLAGS)
+      elif command == "trainer.inspect":
+        bad = _unknown(_flag_names(args), INSPECT_FLAGS)
       else:
         bad = _unknown(_flag_names(args), CONVERT_FLAGS)
       unknown += [f"{page.relative_to(REPO)}: {command} --{name}" for name in bad]
@@ -161,7 +173,8 @@ def test_the_command_lines_use_only_flags_their_commands_define():
 def test_every_flag_named_in_prose_exists():
   """`--x` in an inline span: a flag of one of distloop's commands (the benchmarks' too),
   or of a tool the docs show beside it."""
-  known = (TRAINER_FLAGS | LAUNCH_FLAGS | CONVERT_FLAGS | _defined_flags("trainer/ray_train.py")
+  known = (TRAINER_FLAGS | LAUNCH_FLAGS | CONVERT_FLAGS | VERIFY_FLAGS | INSPECT_FLAGS
+           | _defined_flags("trainer/ray_train.py")
            | _defined_flags(*(p.relative_to(REPO) for p in (REPO / "benchmarks").glob("*.py")))
            | OTHER_TOOLS_FLAGS)
   unknown = [f"{page.relative_to(REPO)}: `{span}`" for page in PAGES for span in _spans(_text(page))

@@ -59,14 +59,15 @@ def test_imports_inside_input_pipelines_point_one_way():
 
 
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
-# else in one of seven places, named for its job (docs/layout.md).
+# else in one of nine places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}
-_PLACES = ("cli", "loop", "supervised", "state", "task", "setup", "cluster")
+_PLACES = ("cli", "verify", "inspect", "loop", "supervised", "state", "task", "setup", "cluster")
 # Who may import whom inside trainer/: a place imports only the places after it in this
 # order (and itself); errors.py is everyone's. trainer/api.py stands over loop/ and
 # under cli/. The supervised Task is one Task among others: over the contract (task/) and
 # what is saved (state/); what a Task holds is keyed in state/, over the contract it walks.
-_LAYERS = ("cli", "api", "loop", "supervised", "state", "task", "setup", "cluster", "errors")
+# verify/ and inspect/ are commands that look at a job from outside, over everything.
+_LAYERS = ("cli", "verify", "inspect", "api", "loop", "supervised", "state", "task", "setup", "cluster", "errors")
 
 
 def test_trainer_top_level_holds_only_the_api_and_its_places():

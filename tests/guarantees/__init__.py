@@ -19,6 +19,13 @@ the saved step = the export scored on the eval data (1e-5); and a checkpoint of 
 workload is refused (exit 2, one line, nothing moved). Each tolerance is what the cell
 really achieves, so that the bugs of `python -m tests.mutations` fail a cell. conftest.py trains each (workload, shape) once per
 session and shares it. A new way to lay out a run is one more `SHAPES` entry.
+The harness and `python -m trainer.verify` are one mechanism: every run records its
+variables' digests at each loop boundary as verify's runs do (conftest.ENV), the trainer
+processes are verify's (trainer/verify/processes.py), and the resume cells (repeat,
+SIGTERM, SIGKILL), the 2-replica cells and the elastic cells judge each workload with
+verify's own judgments (trainer/verify/checks.py: the first step and variable that part,
+against verify's bound), so what verify tells a user about their job is what the
+catalogue proves on every workload.
 The checks that read a run's files (SIGTERM and SIGKILL resumes, eval, export) also run
 on storage gs:// and s3:// (conftest.STORAGES: the emulated buckets of
 tests/support/object_stores.py), for conftest.BUCKET_WORKLOADS on 1 replica: the same run with

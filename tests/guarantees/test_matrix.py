@@ -144,6 +144,24 @@ def test_every_shape_trains_the_weights_of_one_replica(runs, name, shape):
   assert moved > 1e-3, f"the weights hardly moved from step 10 ({moved:.2g}): nothing to compare"
   workload = catalogue.BY_NAME[name]
   assert_same(other, one, workload.agreement(shape), f"shape {shape} against 1 replica")
+  if shape == VERIFY_SHAPE:
+    assert_verified_rounding(runs.sgd(name, "1"), runs.sgd(name, shape), range(1, catalogue.STEPS + 1),
+                             f"shapes {SHAPES[shape].replicas}")
+
+
+# The shape `python -m trainer.verify` compares with 1 replica: 2 replicas of a
+# MirroredStrategy in one process.
+VERIFY_SHAPE = "2"
+
+
+def assert_verified_rounding(one, other, steps, name: str) -> None:
+  """`python -m trainer.verify`'s bound on another replica count (float32 rounding: a few
+  ulps a step, carried along) holds at every loop boundary of the workload's runs: verify
+  reports no difference on any workload of the catalogue (a bound too tight for a model
+  kind would be a false alarm on a user's job; one too loose, tests/verify's)."""
+  check = verify.Check(name, verify.ROUNDING, tolerance=verify.ROUNDING_PER_STEP * max(steps))
+  verify.judge(check, str(one), str(other), steps, lambda step: verify.ROUNDING_PER_STEP * step)
+  assert check.holds, report.table([check])
 
 
 @pytest.mark.parametrize("name, shape", cells("order", shapes=tuple(ORDER_SHAPES)))
@@ -208,6 +226,9 @@ def test_a_resume_on_another_replica_count_keeps_the_trajectory_or_is_refused(ru
   assert_same(arrays(run.model_dir, catalogue.STEPS), arrays(runs.sgd(name, "1"), catalogue.STEPS),
               workload.agreement(shape), f"step {catalogue.ELASTIC_AT} of shape {shape} resumed "
                                          f"on 1 replica, against 1 replica")
+  assert_verified_rounding(runs.sgd(name, "1"), run.model_dir,
+                           range(catalogue.ELASTIC_AT + 1, catalogue.STEPS + 1),
+                           f"elastic {SHAPES[shape].replicas}->1")
 
 
 def _finished(runs, store, name: str, shape: str):

@@ -439,7 +439,7 @@ CATALOGUE = [
         name="inspect_counts_the_step_itself",
         plants="inspect counts the examples of step N itself before global batch N (off by "
                "one step)",
-        file="trainer/inspect/__init__.py",
+        file="trainer/inspect/batches.py",
         old="  for trained in range(anchor + 1, step):\n",
         new="  for trained in range(anchor + 1, step + 1):\n",
         slice=("tests/verify/test_inspect.py::test_inspect_names_the_rows_each_step_read[1]",)),

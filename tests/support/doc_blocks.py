@@ -18,7 +18,8 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOC_PAGES = sorted((REPO / "docs").glob("*.md"))
 # The commands a doc test runs; any other command in an unmarked block is an error.
-RUNNABLE = ("python -m trainer ", "python -m trainer.launch ", "python -m input_pipelines.convert ")
+RUNNABLE = ("python -m trainer ", "python -m trainer.launch ", "python -m trainer.verify ",
+            "python -m trainer.inspect ", "python -m input_pipelines.convert ")
 MARKER = re.compile(r"<!-- doc-test: (excerpt|output|not run here)(?::? (.*?))? -->")
 
 

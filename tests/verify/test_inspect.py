@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import trainer.inspect as inspect_batches
+from trainer.inspect import batches as inspect_batches
 from tests.support.cli import REPO, run_trainer, user_environment
 from tests.support.processes import TrainerProcess
 

@@ -43,7 +43,7 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
   found = rows(report)
   assert list(found) == ["repeat", "sigterm", "sigkill", "eval", "export", "shapes 2",
                          "elastic 2->1"], list(found)
-  for name, row in found.items():
+  for row in found.values():
     assert row["verdict"] == "holds", row
     assert row["largest"] is not None, row  # judged on steps both runs recorded
   for name in ("repeat", "sigterm", "sigkill", "eval", "export"):

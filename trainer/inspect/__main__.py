@@ -1,5 +1,5 @@
 """`python -m trainer.inspect --model_dir=DIR --step=N [--show] [--json]`: the rows of the
-training split that global batch N read, per replica (trainer/inspect/__init__.py).
+training split that global batch N read, per replica (trainer/inspect/batches.py).
 Exit 0, or 2 with one line where they cannot be known."""
 import argparse
 import sys
@@ -14,7 +14,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--json", action="store_true", help="print the rows as one JSON line")
   args = parser.parse_args(argv)
   _load_tensorflow_quietly()
-  import trainer.inspect as inspect_batches  # pylint: disable=import-outside-toplevel
+  from trainer.inspect import batches as inspect_batches  # pylint: disable=import-outside-toplevel
   from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
   from input_pipelines.errors import DataError  # pylint: disable=import-outside-toplevel
   try:

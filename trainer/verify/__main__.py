@@ -74,7 +74,15 @@ def main(argv: list[str]) -> int:
   from input_pipelines.native_output import native_startup_silenced  # pylint: disable=import-outside-toplevel
   with native_startup_silenced():  # this process reads checkpoints and exports
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tf.config.list_physical_devices()
+    gpus = len(tf.config.list_physical_devices("GPU"))
+  if gpus and max(shapes) > gpus:
+    print(f"verify: --shapes={known.shapes} asks for {max(shapes)} replicas; this machine "
+          f"has {gpus} GPU(s)", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  if gpus and known.workers:
+    print("verify: --workers compares workers of one replica each on logical CPU devices; "
+          "on a GPU machine each worker would take every GPU: not yet", file=sys.stderr)
+    return EXIT_BAD_INPUT
   scratch = known.scratch or tempfile.mkdtemp(prefix="distloop-verify-")
   if known.scratch and os.path.exists(scratch) and os.listdir(scratch):
     print(f"verify: --scratch={scratch} is not empty; give a new or empty folder",
@@ -82,6 +90,7 @@ def main(argv: list[str]) -> int:
     return EXIT_BAD_INPUT
   job = checks_module.Job(config_flags, scratch, steps=known.steps, shapes=shapes,
                           workers=known.workers, seed=known.seed, timeout=known.timeout,
+                          gpus=gpus,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
   try:
     try:

@@ -80,6 +80,7 @@ class Job:
   workers: int = 0          # > 1: also the job on this many workers (python -m trainer.launch)
   seed: int = 0             # chooses the SIGKILL's moment
   timeout: float = 600.0    # per process
+  gpus: int = 0             # this machine's: a run of N replicas sees the first N
   log: Callable[[str], None] = print
 
   @property
@@ -97,8 +98,14 @@ class Job:
             "--config.checkpoint.interval_seconds=0", "--config.runtime.deterministic=true",
             *layout, *extra]
 
-  def process(self, model_dir: str, flags: list[str]) -> processes.TrainerProcess:
-    return processes.TrainerProcess(model_dir, *flags, env={digests.ENV: "1"})
+  def process(self, model_dir: str, flags: list[str],
+              replicas: int | None = None) -> processes.TrainerProcess:
+    """A trainer process recording digests; `replicas`: of a run on that many replicas (on
+    a GPU machine, MirroredStrategy takes every GPU it sees: it sees that many)."""
+    env = {digests.ENV: "1"}
+    if replicas is not None and self.gpus:
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
+    return processes.TrainerProcess(model_dir, *flags, env=env)
 
 
 class JobFailed(Exception):
@@ -118,10 +125,10 @@ def _finished(job: Job, process, what: str) -> str:
   return process.output
 
 
-def _run(job: Job, name: str, flags: list[str]) -> str:
+def _run(job: Job, name: str, flags: list[str], replicas: int | None = None) -> str:
   model_dir = os.path.join(job.scratch, name)
   job.log(f"verify: {name}")
-  _finished(job, job.process(model_dir, flags), name)
+  _finished(job, job.process(model_dir, flags, replicas), name)
   return model_dir
 
 
@@ -231,6 +238,11 @@ def judge_chain(reference: str, chain: str, *, stopped: int, restored: int, last
       last_check.largest, last_check.first_variable = max((final, evals),
                                                           key=lambda f: f[0])[:2]
   return checks
+
+
+def judge(check: Check, reference: str, other: str, steps, tolerance) -> None:
+  """`_judge` on two model_dirs' digests (the guarantee harness judges its runs so)."""
+  _judge(check, digests.read(reference), digests.read(other), steps, tolerance)
 
 
 def _judge(check: Check, ours: dict, theirs: dict, steps, tolerance) -> None:
@@ -343,7 +355,7 @@ def _export_difference(ours: str, theirs: str) -> tuple[float, str | None]:
 def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
   counts = sorted(set(job.shapes if len(job.shapes) > 1 else ()) | (
       {job.workers} if job.workers > 1 else set()))
-  runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags)) for n in counts}
+  runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags), n) for n in counts}
   one = digests.read(runs[1]) if 1 in runs else {}
   checks = []
   for n in job.shapes[1:]:
@@ -404,7 +416,7 @@ def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:
       if (directory == os.path.join(run, "checkpoints") and name in later)
       or (directory == run and name in ("export", "summary.json", "finished.json"))])
   job.log(f"verify: elastic {n}->1")
-  process = job.process(resumed, job.run_flags(1, *sgd_flags))
+  process = job.process(resumed, job.run_flags(1, *sgd_flags), 1)
   code = process.finish(job.timeout)
   if code == 2:
     check.bound, check.holds = REFUSED, True
