@@ -279,6 +279,10 @@ def test_eval_equals_mode_eval(runs, store, name, shape, storage):
   assert reported and reported.keys() <= evaluated.keys(), (reported, evaluated)
   for key, value in reported.items():
     assert evaluated[key] == pytest.approx(value, abs=EVAL_TOLERANCE), (key, evaluated, summary)
+  # python -m trainer.verify's eval check: on the shape that trained, bit for bit
+  worst, first = verify.eval_difference(summary, {f"eval_{key}": value
+                                                  for key, value in evaluated.items()})
+  assert first is None, f"verify's eval check: {first} differs by {worst:.2g}"
 
 
 @pytest.mark.parametrize("name, shape, storage",

@@ -61,6 +61,20 @@ class VariableOutsideTheCheckpoint(_Base):
     return super().train_step((features * self.hidden.scale, labels), step)
 
 
+class VariableInAList(_Base):
+  """The same variable kept in a Python list: distloop walks lists (and dicts, tuples) of
+  what a Task holds, so the checkpoint holds it and every check holds."""
+
+  def build(self, context):
+    super().build(context)
+    self.scales = [tf.Variable(1.0, trainable=False)]
+
+  def train_step(self, batch, step):
+    self.scales[0].assign(self.scales[0] * 0.9)
+    features, labels = batch
+    return super().train_step((features * self.scales[0], labels), step)
+
+
 class LossOverTheReplicaBatch(_Base):
   """The loss divided by the replica's batch (a mean), not the global one: on 2 replicas
   the gradient is twice what it is on 1."""

@@ -99,6 +99,20 @@ def test_a_defect_distloop_refuses_is_its_one_line(tmp_path, task, said):
 
 
 @pytest.mark.slow
+def test_a_variable_in_a_python_list_is_checkpointed_and_every_check_holds(tmp_path):
+  """What the issue feared (a Task variable in a Python list, unseen by the checkpoint) is
+  not a defect any more: distloop walks the lists a Task holds. The variable is in the
+  digests, and the resumes hold bit for bit."""
+  code, output, report = verify(tmp_path, *TASK, f"--config.train.task={DEFECTS}:VariableInAList",
+                                "--shapes=1")
+  assert code == 0, output[-3000:]
+  assert all(row["verdict"] in ("holds", "n/a") for row in report["checks"]), report
+  with open(tmp_path / "runs" / "reference" / "verify" / "digests.jsonl") as f:
+    first = json.loads(f.readline())["variables"]
+  assert any("scales" in key for key in first), sorted(first)
+
+
+@pytest.mark.slow
 def test_a_job_whose_steps_depend_on_the_replica_count_is_refused_not_compared(tmp_path):
   """An unsynchronized BatchNorm: distloop refuses its elastic resume in one line; the
   shapes check is that refusal (a difference of other models, not a defect)."""

@@ -231,7 +231,7 @@ def judge_chain(reference: str, chain: str, *, stopped: int, restored: int, last
     checks.append(check)
   if parted is None:  # the end: every variable, and what eval reported (which sees more)
     final = _final_difference(reference, chain, last)
-    evals = _eval_difference(_summary(reference), _summary(chain))
+    evals = eval_difference(_summary(reference), _summary(chain))
     if final[1] or evals[1]:
       last_check = checks[-1]
       last_check.holds, last_check.first_step = False, last
@@ -281,7 +281,9 @@ def _final_difference(ours: str, theirs: str, step: int) -> tuple[float, str | N
   return worst, first
 
 
-def _eval_difference(ours: dict, theirs: dict) -> tuple[float, str | None]:
+def eval_difference(ours: dict, theirs: dict) -> tuple[float, str | None]:
+  """(largest difference, first differing key) of the eval values of two summaries
+  (summary.json's eval_* keys)."""
   worst, first = 0.0, None
   for key, value in ours.items():
     if key.startswith("eval_") and not key.endswith("_sec") and isinstance(value, float):
@@ -304,7 +306,7 @@ def _eval(job: Job, reference: str) -> Check:
   process = job.process(reference, [*job.run_flags(), "--mode=eval"])
   output = _finished(job, process, "--mode=eval")
   evaluated = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
-  worst, first = _eval_difference(
+  worst, first = eval_difference(
       summary, {f"eval_{key}": value for key, value in evaluated.items()})
   check.holds, check.largest = first is None, worst
   if first:
