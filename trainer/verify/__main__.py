@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 from trainer.verify import checks as checks_module
 from trainer.verify import report
@@ -92,6 +93,7 @@ def main(argv: list[str]) -> int:
                           workers=known.workers, seed=known.seed, timeout=known.timeout,
                           gpus=gpus,
                           log=lambda line: print(line, file=sys.stderr, flush=True))
+  started = time.monotonic()
   try:
     try:
       checks = checks_module.certify(job)
@@ -109,11 +111,13 @@ def main(argv: list[str]) -> int:
                                  **{"refused" if refused else "failed": e.line}) + "\n")
       return EXIT_BAD_INPUT if refused else EXIT_DIFFERS
     print(report.table(checks), flush=True)
+    seconds = time.monotonic() - started
+    print(f"verify: {len(checks)} checks in {seconds:.0f} s", file=sys.stderr)
     if known.json:
       with open(known.json, "w") as f:
         f.write(report.as_json(checks, flags=list(config_flags), steps=known.steps,
                                shapes=list(shapes), workers=known.workers,
-                               seed=known.seed) + "\n")
+                               seed=known.seed, seconds=round(seconds, 1)) + "\n")
     return EXIT_OK if all(check.holds is not False for check in checks) else EXIT_DIFFERS
   finally:
     if not known.keep and not known.scratch:

@@ -1,7 +1,8 @@
 """The user's job run the ways a guarantee names, each judged against its bound.
 
 Every run is a fresh `python -m trainer` process in its own scratch model_dir, with the
-user's flags, then verify's own (`run_flags`: `--steps` steps of one step per loop, a
+user's flags, then verify's own (`run_flags`: `--steps` steps (train.epochs unset) of one
+step per loop, a
 checkpoint every `interval`, every step kept, `runtime.deterministic=true`) and
 DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step).
 
@@ -92,7 +93,7 @@ class Job:
     many logical CPU devices), None: the job's own strategy."""
     layout = (() if replicas is None else ("--config.runtime.strategy=mirrored",
                                            f"--config.runtime.num_cpu_devices={replicas}"))
-    return [*self.flags, f"--config.train.steps={self.steps}",
+    return [*self.flags, f"--config.train.steps={self.steps}", "--config.train.epochs=0",
             "--config.train.steps_per_loop=1", f"--config.checkpoint.interval={self.interval}",
             f"--config.checkpoint.max_to_keep={self.steps + 1}",
             "--config.checkpoint.interval_seconds=0", "--config.runtime.deterministic=true",
