@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
         said = (f"distloop refuses the job before its first step: {e.line}" if refused
                 else f"the job failed: {e.line}")
       else:
-        said = f"the {e.what} run {'was refused' if refused else 'failed'}: {e.line}"
+        said = (f"the {e.what} run " if e.what else "a run ") + (
+            f"{'was refused' if refused else 'failed'}: {e.line}")
       print(f"verify: {said}", file=sys.stderr)
       if known.json:
         with open(known.json, "w") as f:

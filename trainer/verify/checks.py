@@ -148,14 +148,18 @@ def _config(model_dir: str) -> dict:
 
 def certify(job: Job) -> list[Check]:
   """Runs the job every way (module docstring) and returns the checks, in report order.
-  JobFailed if the reference run itself does not train (a refusal, a failure)."""
+  JobFailed if a run does not do what it should (a refusal, a failure, a hang)."""
   os.makedirs(job.scratch, exist_ok=True)
-  reference = _run(job, "reference", job.run_flags())
-  sgd_flags = () if _config(reference)["train"]["optimizer"] == "sgd" else SGD
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    chained = pool.submit(_chain_track, job, reference)
-    shaped = pool.submit(_shapes_track, job, sgd_flags)
-    return [*chained.result(), *shaped.result()]
+  try:
+    reference = _run(job, "reference", job.run_flags())
+    sgd_flags = () if _config(reference)["train"]["optimizer"] == "sgd" else SGD
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      chained = pool.submit(_chain_track, job, reference)
+      shaped = pool.submit(_shapes_track, job, sgd_flags)
+      return [*chained.result(), *shaped.result()]
+  except processes.Failed as e:  # a process that ended or hung where a line was awaited
+    lines = str(e).splitlines()
+    raise JobFailed("", 1, lines[0] if lines else "") from None
 
 
 # -- the reference's track: repeat, sigterm, sigkill, eval, export ----------------------
