@@ -17,6 +17,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from trainer.verify.processes import read_checkpoint
+
 _OUTPUT = flags.DEFINE_string("output", "", "also write the report to this file")
 _STEPS = 600
 _STOP_AT = "step 200/"
@@ -50,22 +52,6 @@ def _preempt_and_resume(model_dir: str) -> int:
   return code
 
 
-def _weights(model_dir: str) -> dict:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  tree = ocp.PyTreeCheckpointer().restore(os.path.join(model_dir, "checkpoints", str(_STEPS),
-                                                       "model"))
-  flat = {}
-
-  def walk(node, path):
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, f"{path}/{key}")
-      else:
-        flat[f"{path}/{key}"] = np.asarray(value)
-  walk(tree, "")
-  return flat
-
-
 def main(argv):
   del argv
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -74,7 +60,8 @@ def main(argv):
     straight = _train(os.path.join(root, "straight"))
     rows.append(("float32, uninterrupted", straight))
     code = _preempt_and_resume(os.path.join(root, "resumed"))
-    a, b = _weights(os.path.join(root, "straight")), _weights(os.path.join(root, "resumed"))
+    a, b = (read_checkpoint(os.path.join(root, run), _STEPS, items=("model",))
+            for run in ("straight", "resumed"))
     difference = max(float(np.abs(a[k] - b[k]).max()) for k in a)
     for precision in ("bfloat16", "float16"):
       rows.append((precision, _train(os.path.join(root, precision),

@@ -38,6 +38,7 @@ import time
 import pytest
 
 from trainer.loop import digests as digests_module
+from trainer.verify.checks import copy_as_of
 from tests.support.cli import run_trainer
 from tests.guarantees import catalogue
 from tests.support.processes import TrainerProcess
@@ -208,19 +209,6 @@ def digests(model_dir) -> dict:
       with open(path, "rb") as f:
         found[os.path.relpath(path, str(model_dir))] = hashlib.sha256(f.read()).hexdigest()
   return found
-
-
-def copy_as_of(source, destination, step: int) -> None:
-  """`source` as it was when `step` was its newest checkpoint: the later steps, the export
-  and the records of the finished run left out (the resume's trainer drops metrics.csv's
-  rows past the step it restores)."""
-  later = [str(kept) for kept in complete_steps(source) if kept > step]
-  shutil.copytree(str(source), str(destination), dirs_exist_ok=True,
-                  ignore=lambda directory, names: [
-                      name for name in names
-                      if (directory == os.path.join(str(source), "checkpoints") and name in later)
-                      or (directory == str(source)
-                          and name in ("export", "summary.json", "finished.json"))])
 
 
 class Runs:

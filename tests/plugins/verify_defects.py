@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import trainer
+from tests.plugins import plain_step
 
 
 def _model():
@@ -22,21 +23,8 @@ class _Base(trainer.Task):
     self.model = _model()
     self.optimizer = context.optimizer(self.model.trainable_variables)
 
-  def _per_example(self, batch, scale=1.0):
-    features, labels = batch
-    return keras.losses.sparse_categorical_crossentropy(
-        labels, self.model(features * scale), from_logits=True)
-
   def train_step(self, batch, step):
-    with tf.GradientTape() as tape:
-      per_example = self._per_example(batch)
-      loss = step.replica_loss(per_example)
-    step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
-    return {"loss": per_example}
-
-
-class Correct(_Base):
-  """The base, right: every check holds."""
+    return plain_step.cross_entropy_step(self.model, self.optimizer, batch, step)
 
 
 class UnseededUniform(_Base):
@@ -80,8 +68,10 @@ class LossOverTheReplicaBatch(_Base):
   the gradient is twice what it is on 1."""
 
   def train_step(self, batch, step):
+    features, labels = batch
     with tf.GradientTape() as tape:
-      per_example = self._per_example(batch)
+      per_example = keras.losses.sparse_categorical_crossentropy(
+          labels, self.model(features), from_logits=True)
       loss = tf.reduce_mean(per_example)
     step.minimize(self.optimizer, tape, loss, self.model.trainable_variables)
     return {"loss": per_example}

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     for replica, rows in enumerate(found.rows):
       print(f"  replica {replica}: rows {rows}")
       if args.show:
-        features, labels = inspect_batches.examples(found.config, rows)
+        features, labels = inspect_batches.examples(found, rows)
         for i, row in enumerate(rows):
           print(f"    row {row}: features {_shown(features, i)} | labels {_shown(labels, i)}")
   except (UserError, DataError) as e:

@@ -1,5 +1,5 @@
 """The rows of the training split a past step read, per replica: `batch(model_dir, step)`
-(the package's docstring says how), and `examples(config, rows)`, what they hold."""
+(the package's docstring says how), and `examples(found, rows)`, what they hold."""
 import dataclasses
 import json
 import os
@@ -19,12 +19,7 @@ class Batch:
   global_batch_size: int
   replicas: int
   rows: list[list[int]]       # rows[r]: replica r's rows of the training split, in order
-  config: dict = dataclasses.field(repr=False)
-
-
-def _meta(model_dir: str, step: int) -> dict | None:
-  return layout.read_json(os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta",
-                                       "metadata"))
+  source: object = dataclasses.field(repr=False)  # the training split, loaded once
 
 
 def _history(model_dir: str) -> list[tuple[int, dict]]:
@@ -61,20 +56,13 @@ def batch(model_dir: str, step: int) -> Batch:
   if step < 1:
     raise UserError(f"--step={step}: steps count from 1 (global batch 1 trains step 1)")
   history = _history(model_dir)
-  steps = sorted(int(name) for name in _listdir(layout.checkpoint_dir(model_dir))
-                 if name.isdigit())
-  anchor, examples = 0, 0
-  for kept in reversed([s for s in steps if s <= step - 1]):
-    meta = _meta(model_dir, kept)
-    if meta and "examples_consumed" in meta:
-      anchor, examples = kept, int(meta["examples_consumed"])
-      break
+  anchor, examples = layout.newest_data_position(model_dir, at_most=step - 1) or (0, 0)
   for trained in range(anchor + 1, step):
     examples += int(_config_of(history, trained)["train"]["global_batch_size"])
   config = _config_of(history, step)
   _refuse_what_has_no_rows(config)
   size = int(config["train"]["global_batch_size"])
-  replicas = _replicas(model_dir, steps, step)
+  replicas = _replicas(model_dir, step)
   per_replica = size // replicas
   source = _train_source(config)
   positions = examples + np.arange(size, dtype=np.int64)
@@ -82,27 +70,20 @@ def batch(model_dir: str, step: int) -> Batch:
   rows = order.rows(positions, int(config["runtime"]["seed"]), len(source)).numpy()
   return Batch(step, examples, size, replicas,
                [rows[r * per_replica:(r + 1) * per_replica].tolist() for r in range(replicas)],
-               config)
+               source)
 
 
-def examples(config: dict, rows: list[int]):
+def examples(found: Batch, rows: list[int]):
   """(features, labels) of `rows` of the training split, as the source holds them."""
-  source = _train_source(config)
-  return source.assemble(source.read_leaves(np.asarray(rows, np.int64)))
+  return found.source.assemble(found.source.read_leaves(np.asarray(rows, np.int64)))
 
 
-def _listdir(directory: str) -> list[str]:
-  try:
-    return os.listdir(directory)
-  except OSError:
-    return []
-
-
-def _replicas(model_dir: str, steps: list[int], step: int) -> int:
+def _replicas(model_dir: str, step: int) -> int:
   """The replica count that trained `step`: the shape recorded by the nearest checkpoint
-  saved by the same run (at or after it, else before)."""
+  (at or after it, else before)."""
+  steps = layout.checkpoint_steps(model_dir)
   for kept in [s for s in steps if s >= step] + list(reversed([s for s in steps if s < step])):
-    shape = (_meta(model_dir, kept) or {}).get("shape")
+    shape = (layout.step_meta(model_dir, kept) or {}).get("shape")
     if isinstance(shape, dict) and isinstance(shape.get("replicas"), int):
       return shape["replicas"]
   return 1

@@ -42,7 +42,7 @@ class LoopBoundary(actions.Boundary):
   `position` (None where no loop of this process stands behind the boundary: before
   training, in eval and export modes), the `loop` that just ended (None at a phase), and
   the task's keyed `state` (trainer/state/task_state.py: what its checkpoints hold, which
-  `python -m trainer.verify` digests at each boundary: trainer/verify/digests.py)."""
+  `python -m trainer.verify` digests at each boundary: trainer/loop/digests.py)."""
   position: Position | None = dataclasses.field(default=None, repr=False, compare=False)
   loop: Loop | None = dataclasses.field(default=None, repr=False, compare=False)
   state: object = dataclasses.field(default=None, repr=False, compare=False)

@@ -1,7 +1,7 @@
 """Per-variable digests at each loop boundary: where two runs of one job first part.
 
-With DISTLOOP_DIGESTS=1 in its environment (`requested()`), a training process adds
-`recorder()`: at every loop boundary the chief appends one JSON line to
+With DISTLOOP_DIGESTS=1 in its environment, a training process adds the Action
+`requested()` returns: at every loop boundary the chief appends one JSON line to
 `MODEL_DIR/verify/digests.jsonl`, the step and, for each variable a checkpoint holds
 (keyed as the checkpoint keys it: `model/...`, `optimizer/...`), the SHA-256 of its
 bytes and a fixed sample of its values. The user's config and actions stay as they are.
@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from trainer.loop.actions import Action
+from trainer.state import keys
 
 ENV = "DISTLOOP_DIGESTS"
 FILE = os.path.join("verify", "digests.jsonl")
@@ -32,9 +33,7 @@ def requested() -> list[Action]:
 
 def of_state(state) -> dict:
   """{checkpoint key: {"sha256", "sample"}} of a TaskState's variables."""
-  keyed = {**{f"model/{key}": variable for key, variable in state.model_variables.items()},
-           **{f"optimizer/{key}": variable
-              for key, variable in state.optimizer_variables.items()}}
+  keyed = keys.as_saved(state.model_variables, state.optimizer_variables)
   return {key: of_array(np.asarray(variable.numpy())) for key, variable in keyed.items()}
 
 
@@ -48,7 +47,7 @@ def of_array(values: np.ndarray) -> dict:
 
 
 def _append(boundary) -> None:
-  if not boundary.is_chief or boundary.state is None or "://" in boundary.model_dir:
+  if not boundary.is_chief or boundary.state is None:
     return
   path = os.path.join(boundary.model_dir, FILE)
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -75,28 +74,22 @@ def read(model_dir) -> dict:
   return steps
 
 
-def first_difference(reference: dict, other: dict, steps, tolerance: float = 0.0):
-  """(step, key, difference) of the first step of `steps` (in order) where a variable of
-  `other` differs from `reference` by more than `tolerance` (0.0: any bit, by digest;
-  else by the largest difference of the samples), the first such key in checkpoint order;
-  None if none does. A step either run lacks is a difference of the whole step (key
-  None, difference inf)."""
-  for step in sorted(steps):
-    if step not in reference or step not in other:
-      return step, None, float("inf")
-    ours, theirs = reference[step], other[step]
-    if ours.keys() != theirs.keys():
-      missing = sorted(ours.keys() ^ theirs.keys())
-      return step, missing[0], float("inf")
-    for key in ours:
-      if tolerance == 0.0 and ours[key]["sha256"] == theirs[key]["sha256"]:
-        continue
-      difference = sample_difference(ours[key], theirs[key])
-      if tolerance == 0.0 and difference == 0.0:
-        difference = float("nan")  # other bits, equal samples: somewhere unsampled
-      if not difference <= tolerance:
-        return step, key, difference
-  return None
+def step_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[str | None, float]:
+  """Two runs' records of one step: (the first key, in checkpoint order, whose variable
+  differs by more than `tolerance` (0.0: by any bit, read from the digest), by how much;
+  NaN where the bits differ and the samples do not), or (None, the largest difference
+  of the samples)."""
+  if ours.keys() != theirs.keys():
+    return sorted(ours.keys() ^ theirs.keys())[0], float("inf")
+  largest = 0.0
+  for key in ours:
+    difference = sample_difference(ours[key], theirs[key])
+    if tolerance == 0.0 and ours[key]["sha256"] != theirs[key]["sha256"]:
+      return key, difference or float("nan")
+    if not difference <= tolerance:  # NaN too
+      return key, difference
+    largest = max(largest, difference)
+  return None, largest
 
 
 def sample_difference(ours: dict, theirs: dict) -> float:

@@ -96,7 +96,7 @@ def is_fixed(field: str) -> bool:
 def check(model_dir: str, config_dict: dict, may_change=None) -> None:
   """UserError if model_dir holds a checkpoint of a run whose fixed fields differ.
   `may_change(field)`: True for a field the Task lets change on resume (logged)."""
-  if not _steps(model_dir):
+  if not layout.checkpoint_steps(model_dir):
     return  # nothing to resume: a fresh start (or a start over) in this model_dir
   recorded, where = _recorded(model_dir)
   if recorded is None:
@@ -158,10 +158,9 @@ def _check_bucketing(model_dir: str, recorded: dict, where: str, new: dict) -> N
 
 def _recorded_batch_size(model_dir: str):
   """train.global_batch_size of the newest step whose meta holds its config; None if none."""
-  for step in reversed(_steps(model_dir)):
-    path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
-    meta = layout.read_json(path)
-    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+  for step in reversed(layout.checkpoint_steps(model_dir)):
+    meta = layout.step_meta(model_dir, step)
+    if meta is not None and isinstance(meta.get("config"), dict):
       return _flat(meta["config"]).get("train.global_batch_size")
   return None
 
@@ -199,8 +198,8 @@ def model_dir_run(model_dir: str) -> tuple[str | None, str]:
   if recorded:
     return recorded, layout.run_id_path(model_dir)
   runs = {}  # step -> its run id (None: written before run ids)
-  for step in _steps(model_dir):
-    meta = _meta(model_dir, step)
+  for step in layout.checkpoint_steps(model_dir):
+    meta = layout.step_meta(model_dir, step)
     if isinstance(meta, dict):
       runs[step] = step_run(meta)
   named = set(runs.values())
@@ -296,10 +295,10 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
   from: the newest step's meta that can be read, of this model_dir's run (a step of
   another run is not its record: the restore refuses it); config.json when none can."""
   run, _ = model_dir_run(model_dir)
-  for step in reversed(_steps(model_dir)):
+  for step in reversed(layout.checkpoint_steps(model_dir)):
     path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
-    meta = layout.read_json(path)
-    if isinstance(meta, dict) and step_run(meta) in (None, run):
+    meta = layout.step_meta(model_dir, step)
+    if meta is not None and step_run(meta) in (None, run):
       recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
       if isinstance(recorded.get("fixed"), dict):
         return recorded["fixed"], path
@@ -311,22 +310,8 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
   return None, ""
 
 
-def _meta(model_dir: str, step: int):
-  """The meta of checkpoints/<step> (a dict), or None if it cannot be read."""
-  return layout.read_json(os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta",
-                                       "metadata"))
-
-
 def _plain(value):
   return json.loads(json.dumps(value, default=str))
-
-
-def _steps(model_dir: str) -> list[int]:
-  try:
-    names = os.listdir(layout.checkpoint_dir(model_dir))
-  except OSError:
-    return []
-  return sorted(int(name) for name in names if name.isdigit())
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

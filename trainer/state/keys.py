@@ -187,5 +187,13 @@ def merged(*keyed: dict) -> dict:
   return result
 
 
+def as_saved(model_variables: dict, optimizer_variables: dict) -> dict:
+  """{'model/<key>' | 'optimizer/<key>': variable}: the keys a checkpoint step holds its
+  items' variables under (the restore's check, verify's digests)."""
+  return {f"{item}/{key}": variable for item, variables in
+          (("model", model_variables), ("optimizer", optimizer_variables))
+          for key, variable in variables.items()}
+
+
 def is_variable(value) -> bool:
   return isinstance(value, (tf.Variable, keras.Variable))

@@ -134,20 +134,33 @@ def checkpoint_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "checkpoints")
 
 
-def newest_data_position(model_dir: str) -> tuple[int, int] | None:
-  """(step, examples used) of the newest checkpoint whose meta reads, else None.
+def checkpoint_steps(model_dir: str) -> list[int]:
+  """The steps under checkpoints/ (folders named by a number), oldest first."""
+  try:
+    names = os.listdir(checkpoint_dir(model_dir))
+  except OSError:
+    return []
+  return sorted(int(name) for name in names if name.isdigit())
+
+
+def step_meta(model_dir: str, step: int) -> dict | None:
+  """The meta of checkpoints/<step> (orbax's JsonSave of `<step>/meta/metadata`), read as
+  plain JSON; None if it cannot be read."""
+  meta = read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
+  return meta if isinstance(meta, dict) else None
+
+
+def newest_data_position(model_dir: str, at_most: int | None = None) -> tuple[int, int] | None:
+  """(step, examples used) of the newest checkpoint (at or before step `at_most`, if
+  given) whose meta reads, else None.
 
   Read as plain JSON (`<step>/meta/metadata`, orbax's JsonSave) before the runtime
   starts: train.epochs' steps are counted from this data position. Only the restore
   proves a step readable, so this is what a resume should find; the Trainer refuses
   a run whose restored position makes other steps (trainer/setup/epochs.py)."""
-  try:
-    names = os.listdir(checkpoint_dir(model_dir))
-  except OSError:
-    return None
-  for step in sorted((int(name) for name in names if name.isdigit()), reverse=True):
-    meta = read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
-    if isinstance(meta, dict) and isinstance(meta.get("examples_consumed"), int):
+  for step in reversed(checkpoint_steps(model_dir)):
+    meta = step_meta(model_dir, step) if at_most is None or step <= at_most else None
+    if meta is not None and isinstance(meta.get("examples_consumed"), int):
       return step, meta["examples_consumed"]
   return None
 

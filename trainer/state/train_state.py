@@ -36,6 +36,7 @@ from trainer.errors import NonFiniteError, StorageError, UserError
 from trainer.state import checkpoints
 from trainer.state import config_changes
 from trainer.state import elastic
+from trainer.state import keys
 from trainer.state import model_dir as layout
 from trainer.state import model_weights
 from trainer.state import write_echoes
@@ -289,9 +290,8 @@ class TrainState:
 
   def _keyed_shapes(self) -> dict:
     """'model/<key>' and 'optimizer/<key>' -> shape: what a step of this run holds."""
-    return {f"{item}/{key}": tuple(variable.shape) for item, variables in
-            (("model", self._model_variables), ("optimizer", self._optimizer_variables))
-            for key, variable in variables.items()}
+    return {key: tuple(variable.shape) for key, variable in
+            keys.as_saved(self._model_variables, self._optimizer_variables).items()}
 
   # -- what is there --------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from typing import Callable
 import numpy as np
 
 from trainer.loop import digests
+from trainer.state import model_dir as layout
 from trainer.verify import processes
 
 BIT_FOR_BIT = "bit for bit"
@@ -131,6 +132,20 @@ def _run(job: Job, name: str, flags: list[str], replicas: int | None = None) -> 
   job.log(f"verify: {name}")
   _finished(job, job.process(model_dir, flags, replicas), name)
   return model_dir
+
+
+def copy_as_of(source: str, destination: str, step: int) -> None:
+  """`source` as it was when `step` was its newest checkpoint: the later steps, the export,
+  summary.json and finished.json left out (a resume there drops metrics.csv's rows past
+  the step, and the digests' later records are recorded again). The guarantee harness
+  copies its runs so too."""
+  later = {str(kept) for kept in layout.checkpoint_steps(source) if kept > step}
+  shutil.copytree(str(source), str(destination), dirs_exist_ok=True,
+                  ignore=lambda directory, names: [
+                      name for name in names
+                      if (directory == layout.checkpoint_dir(str(source)) and name in later)
+                      or (directory == str(source)
+                          and name in ("export", "summary.json", "finished.json"))])
 
 
 def _summary(model_dir: str) -> dict:
@@ -261,28 +276,35 @@ def _judge(check: Check, ours: dict, theirs: dict, steps, tolerance) -> None:
   check.largest = 0.0
   for step in steps:
     bound = tolerance(step) if callable(tolerance) else tolerance
-    found = digests.first_difference(ours, theirs, [step], bound)
-    if found is not None:
+    key, difference = digests.step_difference(ours[step], theirs[step], bound)
+    if key is not None:
       check.holds = False
-      check.first_step, check.first_variable, check.largest = found
+      check.first_step, check.first_variable, check.largest = step, key, difference
       return
-    check.largest = max(check.largest, max(
-        (digests.sample_difference(ours[step][key], theirs[step][key])
-         for key in ours[step]), default=0.0))
+    check.largest = max(check.largest, difference)
   check.holds = True
 
 
 def _final_difference(ours: str, theirs: str, step: int) -> tuple[float, str | None]:
   """(largest difference, first differing key) of two runs' checkpoints of `step`."""
-  a, b = processes.read_checkpoint(ours, step), processes.read_checkpoint(theirs, step)
+  return _arrays_difference(processes.read_checkpoint(ours, step),
+                            processes.read_checkpoint(theirs, step))
+
+
+def _arrays_difference(a: dict, b: dict) -> tuple[float, str | None]:
+  """(largest difference, first key whose bytes differ) of two {key: array}: inf where a
+  key or a shape differs."""
+  if a.keys() != b.keys():
+    return float("inf"), sorted(a.keys() ^ b.keys())[0]
   worst, first = 0.0, None
   for key in a:
-    if key not in b or a[key].shape != b[key].shape:
+    if a[key].shape != b[key].shape:
       return float("inf"), key
     if a[key].tobytes() != b[key].tobytes():
       first = first or key
-      worst = max(worst, float(np.max(np.abs(a[key].astype(np.float64)
-                                             - b[key].astype(np.float64)))))
+      if a[key].dtype.kind in "fiu":
+        worst = max(worst, float(np.max(np.abs(a[key].astype(np.float64)
+                                               - b[key].astype(np.float64)))))
   return worst, first
 
 
@@ -328,9 +350,7 @@ def _export(job: Job, reference: str) -> Check:
     check.note = "not applicable: the job exports nothing"
     return check
   again = os.path.join(job.scratch, "export")
-  shutil.copytree(reference, again, ignore=lambda directory, names: [
-      name for name in names if directory == reference and name in (
-          "export", "summary.json", "finished.json")])
+  copy_as_of(reference, again, job.steps)
   job.log("verify: export")
   _finished(job, job.process(again, [*job.run_flags(), "--mode=export"]), "--mode=export")
   worst, first = _export_difference(written, os.path.join(again, "export", str(job.steps)))
@@ -342,19 +362,12 @@ def _export(job: Job, reference: str) -> Check:
 
 def _export_difference(ours: str, theirs: str) -> tuple[float, str | None]:
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  a = tf.train.load_checkpoint(os.path.join(ours, "variables", "variables"))
-  b = tf.train.load_checkpoint(os.path.join(theirs, "variables", "variables"))
-  shapes = a.get_variable_to_shape_map()
-  if shapes != b.get_variable_to_shape_map():
-    return float("inf"), "the export's variables"
-  worst, first = 0.0, None
-  for name in sorted(shapes):
-    x, y = np.asarray(a.get_tensor(name)), np.asarray(b.get_tensor(name))
-    if x.tobytes() != y.tobytes():
-      first = first or name
-      if x.dtype.kind in "fiu":
-        worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
-  return worst, first
+
+  def variables(export_dir: str) -> dict:
+    reader = tf.train.load_checkpoint(os.path.join(export_dir, "variables", "variables"))
+    return {name: np.asarray(reader.get_tensor(name))
+            for name in sorted(reader.get_variable_to_shape_map())}
+  return _arrays_difference(variables(ours), variables(theirs))
 
 
 # -- the SGD track: shapes and elastic ---------------------------------------------------
@@ -417,11 +430,7 @@ def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:
                 note=f"step {middle} of {n} replicas resumed on 1: steps {middle + 1}-"
                      f"{job.steps} against 1 replica's")
   resumed = os.path.join(job.scratch, f"elastic-{n}")
-  later = {str(step) for step in range(middle + 1, job.steps + 1)}
-  shutil.copytree(run, resumed, ignore=lambda directory, names: [
-      name for name in names
-      if (directory == os.path.join(run, "checkpoints") and name in later)
-      or (directory == run and name in ("export", "summary.json", "finished.json"))])
+  copy_as_of(run, resumed, middle)
   job.log(f"verify: elastic {n}->1")
   process = job.process(resumed, job.run_flags(1, *sgd_flags), 1)
   code = process.finish(job.timeout)

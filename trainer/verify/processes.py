@@ -113,17 +113,12 @@ def read_checkpoint(model_dir, step: int, items=("model", "optimizer")) -> dict:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # orbax imports JAX
   import numpy as np  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  from trainer.state import checkpoints  # pylint: disable=import-outside-toplevel
   flat = {}
-
-  def walk(node, path):
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, f"{path}/{key}")
-      else:
-        flat[f"{path}/{key}"] = np.asarray(value)
-
   for item in items:
     item_dir = os.path.join(str(model_dir), "checkpoints", str(step), item)
     if os.path.isdir(item_dir):
-      walk(ocp.PyTreeCheckpointer().restore(item_dir), item)
+      tree = ocp.PyTreeCheckpointer().restore(item_dir)
+      flat.update({key: np.asarray(value)
+                   for key, value in checkpoints.flatten(tree, item).items()})
   return flat

@@ -3,7 +3,7 @@ difference, check by check."""
 import json
 import math
 
-from trainer.verify.checks import Check
+from trainer.verify.checks import REFUSED, Check
 
 # What usually makes each check fail, in the order to look.
 CAUSES = {
@@ -49,7 +49,7 @@ def _number(value) -> str:
 def _verdict(check: Check) -> str:
   if check.holds is None:
     return "n/a"
-  if check.bound == "refused in one line":
+  if check.bound == REFUSED:
     return "refused"
   return "holds" if check.holds else "DIFFERS"
 
