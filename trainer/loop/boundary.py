@@ -59,6 +59,7 @@ class BoundaryWork:
     self._config = config
     self._evaluate = evaluate
     self._save_and_stop = save_and_stop
+    self._progress_report = progress_report
     self._train_state = train_state
     self._agreement = agreement
     # Action.run restarts its timer as the save returns: checkpoint.interval_seconds
@@ -125,6 +126,14 @@ class BoundaryWork:
       return None
     logging.info("%s", actions.stop_line(decided.get("stop"), position.step))
     return decided.get("stop", actions.ANOTHER_WORKERS)
+
+  def preempted(self, boundary: LoopBoundary) -> None:
+    """A stop agreed right after a loop: the loop's train values logged first
+    (metrics.csv, TensorBoard: the progress action), then its step saved and Preempted
+    (exit 42). The run resumed from this step logs from the next loop on: a row not
+    logged now is never logged (issue 57)."""
+    self._progress_report.report(boundary)
+    self._save_and_stop(boundary.position)
 
   def _evaluate_at(self, boundary: LoopBoundary) -> None:
     boundary.eval = self._evaluate(boundary.step, boundary.position)

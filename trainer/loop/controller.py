@@ -216,11 +216,11 @@ class Trainer:
         # which clocked actions are due (clocks differ between machines).
         stop, clock_bits = self.agreement.share(any_of=preemption.requested(),
                                                 chiefs=float(boundaries.schedule.clock_bits()))
+        boundary = self._boundary(position.step, train_metrics, position, loop)
         if stop:
-          self._save_and_stop(position)
+          boundaries.preempted(boundary)  # the loop's values logged, its step saved: exit 42
         self.step_reached = position.step
-        stopped_by = boundaries.run(self._boundary(position.step, train_metrics, position, loop),
-                                    int(clock_bits))
+        stopped_by = boundaries.run(boundary, int(clock_bits))
 
     progress.finish()
     if not train_metrics:  # resumed at the final step: the values the run logged there
