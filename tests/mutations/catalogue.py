@@ -417,6 +417,15 @@ CATALOGUE = [
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
                "and_variable[python_counter]",)),
     Mutation(
+        name="verify_resume_tolerance_loosened",
+        plants="verify's resume checks (judge_chain) let a difference of 1e-6 through while "
+               "the report still says bit for bit",
+        file="trainer/verify/checks.py",
+        old="      _judge(check, ours, theirs, steps, 0.0)\n",
+        new="      _judge(check, ours, theirs, steps, 1e-6)\n",
+        slice=("tests/verify/test_judging.py::test_a_resume_that_parts_by_one_ulp_differs_bit_"
+               "for_bit[6-sigkill]",)),
+    Mutation(
         name="verify_rounding_bound_too_loose",
         plants="verify's bound on another replica count is 1e-3 a step, not float32 rounding: "
                "a loss over the replica's batch passes",
