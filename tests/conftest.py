@@ -1,6 +1,9 @@
 """How the suite is shared between pytest-xdist's workers, and says in pytest's summary
 when multi-process tests were skipped, and why: without a private network namespace they
 would run TensorFlow's gRPC servers on 0.0.0.0."""
+import signal
+import threading
+
 import pytest
 
 import trainer  # noqa: F401  first: it picks the CPU kernels before TensorFlow loads
@@ -34,6 +37,21 @@ def pytest_collection_modifyitems(items):
     else:
       group = item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config):
+  """pytest stopped by SIGTERM ends as on Ctrl-C (KeyboardInterrupt where the test is):
+  each test's `finally` blocks and the fixtures' teardowns kill the processes they started,
+  and the kernel kills any left when pytest is gone (tests/support/processes.py,
+  dies_with_its_test). SIGTERM's default ended pytest at once, its trainers orphaned."""
+  del config
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
+
+
+def _stop_as_on_ctrl_c(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt("pytest received SIGTERM")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from tests.support.processes import dies_with_its_test
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 MNIST_TEST_DIR = os.path.join(REPO, "tests", "data", "mnist")  # real MNIST test files (1.7 MB)
@@ -27,7 +29,8 @@ def user_environment() -> dict:
 
 
 def run_trainer(model_dir, *flags: str, timeout: float = 600, env: dict | None = None) -> Result:
-  command = [sys.executable, "-m", "trainer", f"--model_dir={model_dir}", *flags]
+  command = [*dies_with_its_test(), sys.executable, "-m", "trainer", f"--model_dir={model_dir}",
+             *flags]
   try:
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                cwd=REPO, env={**user_environment(), **(env or {})})

@@ -53,9 +53,24 @@ def loopback_only() -> list[str]:
   return ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
 
 
+def dies_with_its_test() -> list[str]:
+  """A command prefix: the kernel SIGKILLs the process when the test process that started
+  it dies, by whatever signal (PR_SET_PDEATHSIG, kept across exec, set by util-linux's
+  setpriv), so a trainer never outlives its test as an orphan (ppid 1) holding a core and
+  a model_dir's lock. A pytest stopped by SIGTERM first ends as on Ctrl-C
+  (tests/conftest.py), the tests' `finally` blocks and fixtures killing their processes;
+  this covers the rest (SIGKILL, an xdist worker killed). Empty where setpriv is missing."""
+  return ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+
+
 class TrainerProcess(processes.TrainerProcess):
   """trainer/verify/processes.py's (the product's: verify and the harness watch a trainer
-  the same way), failing the test where it raises Failed."""
+  the same way), failing the test where it raises Failed, and dying with its test
+  (`dies_with_its_test`)."""
+
+  def __init__(self, model_dir, *flags: str, prefix: list[str] | None = None, **kwargs):
+    super().__init__(model_dir, *flags, prefix=[*dies_with_its_test(), *(prefix or [])],
+                     **kwargs)
 
   def finish(self, timeout: float = 300) -> int:
     try:
