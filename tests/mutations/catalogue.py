@@ -385,6 +385,44 @@ CATALOGUE = [
         slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
                "and_redoes_the_rest",)),
     Mutation(
+        name="predictions_progress_before_the_rename",
+        plants="progress.json names a chunk before its Parquet file is renamed into place: "
+               "a kill between them leaves a committed chunk without its file",
+        file="trainer/state/predictions.py",
+        old="      os.replace(_temporary(parquet_path), parquet_path)\n"
+            "      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))\n",
+        new="      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))\n"
+            "      os.replace(_temporary(parquet_path), parquet_path)\n",
+        slice=("tests/state/test_predictions_folder.py::test_a_kill_inside_the_commit_window_"
+               "leaves_no_chunk_named_before_its_files[2]",)),
+    Mutation(
+        name="predictions_input_not_checked",
+        plants="a rerun keeps committed chunks without reading their input rows again: "
+               "chunks of the old data and of the new mixed in one output",
+        file="trainer/state/predictions.py",
+        old="    if chunk.get(\"input\") != inputs(first, end):\n",
+        new="    if False:\n",
+        slice=("tests/state/test_predictions_folder.py::test_chunks_scored_on_other_input_rows_"
+               "are_refused_untouched[2]",)),
+    Mutation(
+        name="predictions_damaged_chunk_kept",
+        plants="a rerun keeps a committed chunk whose file is truncated or missing (its "
+               "SHA-256 in progress.json never checked)",
+        file="trainer/state/predictions.py",
+        old="      if not os.path.isfile(path) or shards.file_sha256(path) != chunk[kind][\"sha256\"]:\n",
+        new="      if not os.path.isfile(path):\n",
+        slice=("tests/state/test_predictions_folder.py::test_a_damaged_committed_chunk_is_scored_"
+               "again_with_a_warning[truncated-None]",)),
+    Mutation(
+        name="predictions_manifest_holds_timings",
+        plants="manifest.json holds the run's seconds: a killed-and-rerun output is not "
+               "the bytes of a clean one",
+        file="trainer/state/predictions.py",
+        old="                \"records\": RECORDS}\n",
+        new="                \"records\": RECORDS, \"seconds\": __import__(\"time\").perf_counter()}\n",
+        slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
+               "and_redoes_the_rest",)),
+    Mutation(
         name="predict_keeps_the_padding_rows",
         plants="the rows that top up a replica's slice (past the end, or of the next batch) "
                "are written as rows",

@@ -6,6 +6,8 @@ scoring, passed in rather than slept for:
 
 The signal is sent once (the path is made first: a rerun reads on). Each read also takes
 PREDICT_READ_SECONDS (default 0; the eval split's), so the rows read ahead of the scoring stay few.
+PREDICT_CHANGED_ROWS=<row>,<row>...: those eval rows' features are other values (the data
+rewritten between two runs, the same count of rows).
 """
 import os
 import signal
@@ -48,8 +50,11 @@ def images(data_config, seed):
   from input_pipelines.datasets import synthetic  # pylint: disable=import-outside-toplevel
   splits = synthetic.build(data_config, seed)
   as_floats = lambda images: (images.astype(np.float32) / 255.0)[..., None]  # pylint: disable=unnecessary-lambda-assignment
+  evaluated = as_floats(splits.test_images)
+  changed = [int(row) for row in os.environ.get("PREDICT_CHANGED_ROWS", "").split(",") if row]
+  evaluated[changed] = 1.0 - evaluated[changed]
   return (Signalling(as_floats(splits.train_images), splits.train_labels),
-          Signalling(as_floats(splits.test_images), splits.test_labels, signals=True))
+          Signalling(evaluated, splits.test_labels, signals=True))
 
 
 def gan_mixture(data_config, seed):

@@ -51,7 +51,7 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
       resolved[index + 1] = spec
     else:
       resolved[index] = "--config=" + spec
-    return resolved, _described(spec)
+    return resolved, _described(spec, argv)
   model_dir = _flag_value(resolved, "model_dir")[1]
   mode = _flag_value(resolved, "mode")[1] or "train"
   recorded = layout.config_path(model_dir) if model_dir else None
@@ -63,7 +63,7 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
         f"(nothing trained there yet?); pass the training run's --config and overrides")
   else:
     spec = configs.path_of(_DEFAULT)
-  return [resolved[0], "--config=" + spec, *resolved[1:]], _described(spec)
+  return [resolved[0], "--config=" + spec, *resolved[1:]], _described(spec, argv)
 
 
 def _stage_model_dir(argv: list[str]) -> None:
@@ -107,12 +107,26 @@ def command(argv: list[str], resolved: list[str]) -> str:
   return shlex.join(["python", "-m", "trainer", f"--config={typed}", *others])
 
 
-def _described(spec: str) -> str:
+def _described(spec: str, argv: list[str]) -> str:
+  """The config in words, as the log says it: the file, then the `--config.FIELD=VALUE`
+  overrides applied on top of it (a recorded config with `--config.runtime.*` given is
+  not the config recorded)."""
   file, _, argument = spec.partition(":")
-  if file == _RECORDED:
-    return f"the config recorded in {argument}"
   name = os.path.splitext(os.path.basename(file))[0]
-  return f"--config={name}" if file == configs.path_of(name) else f"--config={spec}"
+  words = (f"the config recorded in {argument}" if file == _RECORDED
+           else f"--config={name}" if file == configs.path_of(name) else f"--config={spec}")
+  overrides = _overrides(argv)
+  return f"{words} and {shlex.join(overrides)}" if overrides else words
+
+
+def _overrides(argv: list[str]) -> list[str]:
+  """The `--config.FIELD=VALUE` (or `--config.FIELD VALUE`) flags of argv, as typed."""
+  found = []
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg.startswith(("--config.", "-config.")):
+      alone = "=" in arg or i + 1 >= len(argv) or argv[i + 1].startswith("--")
+      found.append(arg if alone else f"{arg}={argv[i + 1]}")
+  return found
 
 
 def _flag_value(argv: list[str], name: str) -> tuple[int, str | None]:

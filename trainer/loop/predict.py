@@ -12,11 +12,16 @@ written in chunks committed with the position (trainer/state/predictions.py).
                   a signal on any worker stops every worker here, exit 42
     manifest.json (rows, columns, digest) written last
 
+A rerun checks what it keeps (trainer/state/predictions.py): each committed chunk's
+input rows are read again and must give the digest it recorded (the data changed:
+refused), its files the SHA-256 it recorded (damaged: scored again).
+
 What makes the bytes the same on any shape and after any stop: a chunk is a fixed
 range of rows; a row's values depend on its example alone (the model in inference,
 randomness a function of the row: PredictContext); every replica runs on a slice of
 the same length (the last batch's repeat the last row, dropped on the host).
 """
+import hashlib
 import time
 
 from absl import logging
@@ -79,15 +84,18 @@ def predict(trainer, step: int) -> dict:
   run, _ = config_changes.model_dir_run(trainer.model_dir)
   identity = {"model": run, "checkpoint_step": step,
               "source": {"data": config.data.name, "split": split, "rows": len(source)}}
+  inputs = input_digest(source, config.predict.global_batch_size)
   # The chief's folder decides, for every worker (a worker's disk may not hold it).
-  done = predictions.finished(directory, identity) if trainer.is_chief else None
+  done = predictions.finished(directory, identity, inputs) if trainer.is_chief else None
   if trainer.agreement.chiefs(int(done is not None)):
     logging.info("Already predicted: %s", directory)
-    return ({**_summary_of(done), "already_finished": True} if done is not None
-            else {"already_finished": True, "output": directory})
+    nothing = {"rows_scored": 0, "seconds": None, "rows_per_sec": None,
+               "already_finished": True}
+    return ({**_summary_of(done), **nothing} if done is not None
+            else {**nothing, "output": directory})
   output = predictions.open_output(directory, identity, num_rows=len(source),
                                    chunk_rows=config.predict.chunk_rows,
-                                   writer=trainer.is_chief)
+                                   writer=trainer.is_chief, inputs=inputs)
   try:
     return _score(trainer, source, output, step)
   finally:
@@ -105,8 +113,10 @@ def _score(trainer, source, output, step: int) -> dict:
   score = _compiled(strategy, _predict_function(trainer))
   name = type(trainer.task).__name__
   started, scored, buffered = time.perf_counter(), 0, []
-  logging.info("predict: %d rows of the %s split with step %d into %s, from row %d",
-               output.num_rows, config.predict.split, step, output.directory, start)
+  logging.info("Predicting %d rows of the %s split of %s with step %d on %d replica(s) "
+               "(%s) into %s, from row %d", output.num_rows, config.predict.split,
+               config.data.name, step, strategy.num_replicas_in_sync,
+               config.runtime.strategy, output.directory, start)
   with trainer.serving_weights():
     for batch in dataset:
       if chunk >= output.num_chunks:
@@ -131,18 +141,48 @@ def _score(trainer, source, output, step: int) -> dict:
         have -= end - first
         first, end = output.chunk_range(chunk)
   seconds = time.perf_counter() - started
-  summary = {"step": step, "rows": output.num_rows, "rows_scored": scored,
-             "seconds": seconds, "rows_per_sec": scored / max(seconds, 1e-9)}
+  timing = {"rows_scored": scored, "seconds": seconds,
+            "rows_per_sec": scored / max(seconds, 1e-9)}
   trainer.agreement.at_the_end()
   if trainer.is_chief:
-    manifest = output.finish(summary)
-    return _summary_of(manifest)
-  return {**summary, "output": output.directory}
+    return {**_summary_of(output.finish()), **timing}
+  return {"checkpoint_step": step, "rows": output.num_rows, **timing,
+          "output": output.directory}
 
 
 def _summary_of(manifest: dict) -> dict:
-  keys = ("checkpoint_step", "rows", "rows_scored", "seconds", "rows_per_sec", "digest")
+  """What the summary line says of the output (its timings are this process's: they are
+  in no file, so that a rerun writes the bytes of an uninterrupted run)."""
+  keys = ("checkpoint_step", "rows", "digest")
   return {**{key: manifest.get(key) for key in keys}, "output_columns": list(manifest["columns"])}
+
+
+def input_digest(source, batch_rows: int):
+  """`digest(first, end)`: SHA-256 of rows [first, end) as the source reads them (every
+  leaf, features and labels, undecoded: a records file's bytes), `batch_rows` at a time;
+  what each committed chunk records of its input, and a rerun compares. The same for any
+  batch size: the leaves' specs once, then each row's bytes."""
+  specs = repr([(tuple(shape), str(dtype)) for shape, dtype in source.leaf_specs()]).encode()
+
+  def digest(first: int, end: int) -> str:
+    hasher = hashlib.sha256(specs)
+    for start in range(first, end, batch_rows):
+      for leaf in source.read_leaves(np.arange(start, min(start + batch_rows, end),
+                                               dtype=np.int64)):
+        _hash_leaf(hasher, np.asarray(leaf))
+    return hasher.hexdigest()
+  return digest
+
+
+def _hash_leaf(hasher, leaf: np.ndarray) -> None:
+  if leaf.dtype.kind != "O":
+    hasher.update(np.ascontiguousarray(leaf).data)
+    return
+  for item in leaf:  # a serialized record or a row of its own length: its size, its bytes
+    value = item if isinstance(item, bytes) else np.ascontiguousarray(item)
+    hasher.update(len(value).to_bytes(8, "little") if isinstance(value, bytes)
+                  else repr((value.dtype.str, value.shape)).encode())
+    hasher.update(value if isinstance(value, bytes) else value.data)
 
 
 def _progress(output, rows: int, scored: int, seconds: float) -> None:

@@ -3,8 +3,9 @@ stopped or killed job that runs again writes each row once, the same bytes.
 
     OUTPUT/
       progress.json                 the identity (model, checkpoint step, source), the
-                                    chunk size, and each committed chunk: written last
-                                    for each chunk, atomically (the position)
+                                    chunk size, and each committed chunk (its files'
+                                    SHA-256, its input rows' digest): written last for
+                                    each chunk, atomically (the position)
       parquet/part-KKKKK-of-NNNNN.parquet   chunk K's rows (Apache Parquet, pyarrow)
       records/train-KKKKK-of-NNNNN.array_record  the same rows as distloop records
       records/manifest.json         written at the end: a records folder to train from
@@ -18,13 +19,19 @@ shard are written under temporary names and renamed, then progress.json names it
 kill before that leaves files no progress.json names: the next run removes them and
 writes the chunk again; after it, the chunk is never written again. Only the chief
 writes; a folder holding another model's, step's or source's predictions is refused.
+
+A rerun checks what it keeps: each committed chunk's input rows, read again, must give
+the digest it recorded (else the data changed: refused, never mixed), and its files the
+SHA-256 it recorded (else the chunk, damaged, and those after it are scored again).
 """
+from collections.abc import Callable
 import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 
+from absl import logging
 import numpy as np
 
 from input_pipelines.records import manifest as records_manifest
@@ -48,6 +55,7 @@ class Output:
   num_rows: int
   chunk_rows: int
   chunks: list  # the committed chunks' entries, in order
+  inputs: Callable[[int, int], str]  # (first, end) -> the digest of those input rows
   _lock_fd: int | None = None
 
   @property
@@ -71,14 +79,16 @@ class Output:
       raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} ({len(rows)}) are "
                            f"not {first}..{end - 1}")
     name = f"part-{index:05d}-of-{self.num_chunks:05d}"
+    parquet_path = os.path.join(self.directory, PARQUET, f"{name}.parquet")
     try:
-      parquet = _write_parquet(os.path.join(self.directory, PARQUET, f"{name}.parquet"),
-                               columns)
+      parquet = _stage_parquet(parquet_path, columns)
       records = _write_records(os.path.join(self.directory, RECORDS,
                                             shards.name("train", index, self.num_chunks)),
                                columns)
-      entry = {"rows": int(len(rows)), "parquet": parquet, "records": records,
-               "columns": _column_specs(columns)}
+      entry = {"rows": int(len(rows)), "input": self.inputs(first, end), "parquet": parquet,
+               "records": records, "columns": _column_specs(columns)}
+      # The commit: the files in place first, then progress.json names them.
+      os.replace(_temporary(parquet_path), parquet_path)
       _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))
     except (OSError, RuntimeError, ValueError) as e:  # a full disk: one line (exit 1)
       if storage.reason(e) is None:
@@ -90,10 +100,11 @@ class Output:
     self.chunks.append(entry)
     return entry
 
-  def finish(self, summary: dict) -> dict:
+  def finish(self) -> dict:
     """The manifests, once every chunk is committed: records/manifest.json (a records
     folder whose both splits are the predictions, label = the first output column) and
-    manifest.json, written last."""
+    manifest.json, written last. Both are a function of the chunks alone (no timings):
+    a stopped and rerun output is the same bytes as an uninterrupted one, every file."""
     specs = self.chunks[0]["columns"] if self.chunks else {}
     names = [name for name in specs if name != ROW_INDEX]
     if self.chunks and names:
@@ -105,7 +116,7 @@ class Output:
     manifest = {"format": FORMAT, **self.identity, "rows": self.rows_done,
                 "chunk_rows": self.chunk_rows, "columns": specs, "digest": self.digest(),
                 "parquet": [chunk["parquet"]["file"] for chunk in self.chunks],
-                "records": RECORDS, **summary}
+                "records": RECORDS}
     _write_json(os.path.join(self.directory, MANIFEST), manifest)
     return manifest
 
@@ -127,25 +138,31 @@ class Output:
             "chunk_rows": self.chunk_rows, "chunks": self.chunks if chunks is None else chunks}
 
 
-def finished(directory: str, identity: dict) -> dict | None:
-  """The manifest of a complete folder of these predictions; None if not complete.
-  UserError if it holds another model's, step's or source's."""
+def finished(directory: str, identity: dict, inputs: Callable[[int, int], str]
+             ) -> dict | None:
+  """The manifest of a complete folder of these predictions; None if not complete, or if
+  a chunk's files are damaged (open_output then scores it again). UserError if it holds
+  another model's, step's or source's, or chunks scored on other input rows."""
   path = os.path.join(directory, MANIFEST)
   if not os.path.isfile(path):
     return None
   manifest = _read_json(path)
   _check_identity(directory, {key: manifest.get(key) for key in identity}, identity)
-  return manifest
+  chunks = list(_read_json(os.path.join(directory, PROGRESS)).get("chunks") or [])
+  _check_inputs(directory, chunks, manifest.get("chunk_rows"), inputs)
+  return manifest if _first_damaged(directory, chunks) is None else None
 
 
 def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: int,
-                writer: bool) -> Output:
+                writer: bool, inputs: Callable[[int, int], str]) -> Output:
   """The folder to continue (progress.json's committed chunks) or to start; refused in
-  one line (UserError) if it holds anything else. `writer` (the chief): the folder
-  locked, made, and the files of chunks never committed removed. Another worker reads
-  nothing (its disk may not hold the folder): the chief's count is agreed on."""
+  one line (UserError) if it holds anything else, or chunks scored on other input rows
+  (`inputs(first, end)`: the digest of those rows now). `writer` (the chief): the folder
+  locked, made, a damaged chunk and those after it dropped (a warning), and the files of
+  chunks never committed removed. Another worker reads nothing (its disk may not hold the
+  folder): the chief's count is agreed on."""
   if not writer:
-    return Output(directory, identity, num_rows, chunk_rows, [])
+    return Output(directory, identity, num_rows, chunk_rows, [], inputs)
   progress_path = os.path.join(directory, PROGRESS)
   chunks = []
   if os.path.isfile(progress_path):
@@ -157,20 +174,67 @@ def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: in
                       f"--config.predict.chunk_rows={progress.get('chunk_rows')}, or choose "
                       f"another predict.output")
     chunks = list(progress.get("chunks") or [])
+    _check_inputs(directory, chunks, chunk_rows, inputs)
   elif os.path.isdir(directory) and _contents(directory):
     raise UserError(f"predict.output={directory} is not empty and holds no predictions "
                     f"(no {PROGRESS}); choose an empty or new folder")
-  output = Output(directory, identity, num_rows, chunk_rows, chunks)
+  output = Output(directory, identity, num_rows, chunk_rows, chunks, inputs)
   try:
     for sub in (PARQUET, RECORDS):
       os.makedirs(os.path.join(directory, sub), exist_ok=True)
   except OSError as e:
     raise UserError(f"predict.output={directory} cannot be made: {e.strerror or e}") from None
   output._lock_fd = _lock(directory)  # pylint: disable=protected-access
+  _drop_damaged(output)
   _remove_uncommitted(output)
   if not os.path.isfile(progress_path):  # from now on the folder says whose it is
     _write_json(progress_path, output._progress())  # pylint: disable=protected-access
   return output
+
+
+def _check_inputs(directory: str, chunks: list, chunk_rows: int,
+                  inputs: Callable[[int, int], str]) -> None:
+  """UserError naming the first committed chunk whose input rows, read now, do not give
+  the digest it recorded: scored on other data than the source holds now."""
+  for index, chunk in enumerate(chunks):
+    first = index * chunk_rows
+    end = first + chunk["rows"]
+    if chunk.get("input") != inputs(first, end):
+      raise UserError(f"predict.output={directory}: chunk {index} (rows {first}..{end - 1}) "
+                      f"was scored on other input rows than the source holds now (the data "
+                      f"changed since); remove the folder, or choose another "
+                      f"predict.output, to score every row on the new data")
+
+
+def _first_damaged(directory: str, chunks: list) -> tuple[int, str] | None:
+  """(index, file) of the first committed chunk with a file missing or not the bytes
+  its SHA-256 in progress.json says; None if every one is whole."""
+  for index, chunk in enumerate(chunks):
+    for sub, kind in ((PARQUET, "parquet"), (RECORDS, "records")):
+      path = os.path.join(directory, sub, chunk[kind]["file"])
+      if not os.path.isfile(path) or shards.file_sha256(path) != chunk[kind]["sha256"]:
+        return index, os.path.join(sub, chunk[kind]["file"])
+  return None
+
+
+def _drop_damaged(output: Output) -> None:
+  """A damaged committed chunk and those after it leave the output (warned, one line):
+  the manifests go first (the folder is no longer complete), then progress.json names
+  the chunks before it; their files are then uncommitted, removed, and scored again."""
+  damaged = _first_damaged(output.directory, output.chunks)
+  if damaged is None:
+    return
+  index, file = damaged
+  first, end = output.chunk_range(index)
+  logging.warning("predict.output=%s: %s of chunk %d (rows %d..%d) is missing or damaged "
+                  "(not the SHA-256 progress.json recorded): scoring rows %d.. again",
+                  output.directory, file, index, first, end - 1, first)
+  for path in (os.path.join(output.directory, MANIFEST),
+               os.path.join(output.directory, RECORDS, records_manifest.NAME)):
+    if os.path.exists(path):
+      os.remove(path)
+  output.chunks = output.chunks[:index]
+  _write_json(os.path.join(output.directory, PROGRESS), output._progress())  # pylint: disable=protected-access
 
 
 def _check_identity(directory: str, found: dict, wanted: dict) -> None:
@@ -218,9 +282,10 @@ def _column_specs(columns: dict) -> dict:
           for name, array in columns.items()}
 
 
-def _write_parquet(path: str, columns: dict) -> dict:
-  """One Parquet file of `columns`, a column each: a number per row, or a row's values
-  flattened as a fixed-size list (its shape in the field's metadata)."""
+def _stage_parquet(path: str, columns: dict) -> dict:
+  """`columns` as one Parquet file at `path`'s temporary name (the commit renames it), a
+  column each: a number per row, or a row's values flattened as a fixed-size list (its
+  shape in the field's metadata)."""
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   arrays, fields = [], []
@@ -238,9 +303,8 @@ def _write_parquet(path: str, columns: dict) -> dict:
   temporary = _temporary(path)
   pq.write_table(table, temporary, compression="zstd")
   _fsync(temporary)
-  os.replace(temporary, path)
-  return {"file": os.path.basename(path), "bytes": os.path.getsize(path),
-          "sha256": shards.file_sha256(path)}
+  return {"file": os.path.basename(path), "bytes": os.path.getsize(temporary),
+          "sha256": shards.file_sha256(temporary)}
 
 
 def _write_records(path: str, columns: dict) -> dict:
