@@ -112,3 +112,20 @@ def ordered_by_the_process(data_config, seed):
 
 def in_order(data_config, seed):
   return _arrays(256, seed), _arrays(64, seed + 1)
+
+
+class MeanNeverReset(_Base):
+  """A Keras Mean the Task holds, updated by eval_step and never reset: each eval a process
+  runs adds to the last, so two evals of the same step differ."""
+
+  def build(self, context):
+    super().build(context)
+    self.eval_loss = keras.metrics.Mean()
+
+  def eval_step(self, batch):
+    features, labels = batch
+    per_example = keras.losses.sparse_categorical_crossentropy(
+        labels, self.model(features), from_logits=True)
+    self.eval_loss.update_state(per_example)
+    return {"loss": per_example, "running_loss": tf.fill(tf.shape(per_example),
+                                                         self.eval_loss.result())}

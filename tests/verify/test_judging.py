@@ -50,3 +50,54 @@ def test_a_resume_that_parts_by_one_ulp_differs_bit_for_bit(tmp_path, step, part
   assert all(other.holds for other in earlier), report.table(judged)
   assert all(other.holds is None for other in judged[judged.index(check) + 1:])
   assert f"{parted}: first differs at step {step}, variable {KEY}" in report.table(judged)
+
+
+def _trajectory(moved_by) -> dict:
+  """{step: digests} of a variable whose values at `step` are moved by `moved_by(step)`
+  from a fixed trajectory."""
+  return {step: {KEY: digests.of_array(
+      (np.linspace(-1.0, 1.0, 32) * step + moved_by(step)).astype(np.float32))}
+      for step in range(1, STEPS + 1)}
+
+
+def _failing_shapes_check(one, other) -> checks.Check:
+  check = checks.Check("shapes 2", checks.ROUNDING, tolerance=checks.ROUNDING_PER_STEP * STEPS)
+  checks._judge(check, one, other, range(1, STEPS + 1),  # pylint: disable=protected-access
+                lambda step: checks.ROUNDING_PER_STEP * step)
+  return check
+
+
+@pytest.mark.parametrize("another_count, holds", [
+    (lambda step: 3e-7 * 4 ** step, True),    # rounding a sensitive job carries along
+    (lambda step: 1e-3 * step, False),        # a gradient counted twice: step 1 already
+])
+def test_a_job_more_sensitive_to_the_summation_order_is_judged_by_its_own_rounding(
+    another_count, holds):
+  """A job whose 1-replica run in another summation order parts by 1e-7 x 4^step (a
+  contrastive loss at a high rate) is beyond ROUNDING_PER_STEP on 2 replicas, and within
+  10x its own rounding: it holds, the report saying the bound is the job's own. A
+  gradient counted twice exceeds that at step 1 and still differs there."""
+  one = _trajectory(lambda step: 0.0)
+  reordered = _trajectory(lambda step: 1e-7 * 4 ** step)
+  other = _trajectory(another_count)
+  check = _failing_shapes_check(one, other)
+  assert check.holds is False
+  checks.judge_own_rounding(check, one, other, range(1, STEPS + 1),
+                            checks.own_rounding(one, reordered))
+  assert check.holds is holds, report.table([check])
+  assert check.bound == checks.OWN_ROUNDING == "the job's own rounding"
+  assert "another summation order" in check.note
+  assert check.largest > checks.ROUNDING_PER_STEP * STEPS or not holds
+  if not holds:
+    assert (check.first_step, check.first_variable) == (1, KEY)
+
+
+def test_an_unmeasurable_own_rounding_leaves_the_verdict():
+  """A reordered run equal bit for bit (no other order on this machine) measures nothing:
+  the fixed bound's verdict stands, and the report says why."""
+  one = _trajectory(lambda step: 0.0)
+  check = _failing_shapes_check(one, _trajectory(lambda step: 1e-5))
+  checks.judge_own_rounding(check, one, _trajectory(lambda step: 1e-5), range(1, STEPS + 1),
+                            checks.own_rounding(one, one))
+  assert (check.holds, check.bound, check.first_step) == (False, checks.ROUNDING, 1)
+  assert "could not be measured" in check.note

@@ -43,12 +43,12 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
   assert code == 0, output[-3000:]
   assert report["seconds"] > 0 and "checks in" in output
   found = rows(report)
-  assert list(found) == ["repeat", "sigterm", "sigkill", "eval", "export", "shapes 2",
-                         "elastic 2->1"], list(found)
+  assert list(found) == ["repeat", "sigterm", "sigkill", "eval", "eval twice", "export",
+                         "shapes 2", "elastic 2->1"], list(found)
   for row in found.values():
     assert row["verdict"] == "holds", row
     assert row["largest"] is not None, row  # judged on steps both runs recorded
-  for name in ("repeat", "sigterm", "sigkill", "eval", "export"):
+  for name in ("repeat", "sigterm", "sigkill", "eval", "eval twice", "export"):
     assert found[name]["bound"] == "bit for bit" and found[name]["largest"] == 0.0
   for name in ("shapes 2", "elastic 2->1"):
     assert found[name]["bound"] == "float32 rounding"
@@ -67,7 +67,12 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
     # another process, another order of the rows: step 1 already
     ((f"--config.data.name={DEFECTS}:ordered_by_the_process", "--shapes=1"), "repeat", 1,
      "model/mnist_cnn/conv/kernel"),
-], ids=["loss_over_the_replica_batch", "python_counter", "data_order_of_the_process"])
+    # a Keras Mean never reset: the process that evaluates steps 10, 11 and 12 reports at 12
+    # the mean of all three
+    ((f"--config.train.task={DEFECTS}:MeanNeverReset", "--shapes=1"), "eval twice", 12,
+     "summary.json eval_running_loss"),
+], ids=["loss_over_the_replica_batch", "python_counter", "data_order_of_the_process",
+        "mean_never_reset"])
 def test_a_planted_defect_is_named_by_its_check_step_and_variable(tmp_path, flags, check, step,
                                                                   variable):
   code, output, report = verify(tmp_path, *TASK, *flags)

@@ -20,8 +20,15 @@ DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step
                 1-replica trajectory to rounding, or refused in one line (what distloop
                 does for a job whose steps depend on the replica count: `shapes N` is
                 then the refusal).
+                Where `shapes N` or `elastic` exceeds float32 rounding, the 1-replica SGD
+                run once more in another summation order (oneDNN's kernels switched), and
+                those two judged again against 10x what it parts by: the job's own
+                rounding (one more sensitive to the order than most), the report saying so.
     eval        --mode=eval of the reference's last step in a fresh process = the eval
                 the reference reported at its end, bit for bit.
+    eval twice  the reference's last interval trained again by a process that evaluates
+                every step (--mode=train_and_eval): its last eval = the reference's, bit
+                for bit (a metric the Task never resets carries one eval into the next).
     export      --mode=export of that step in a fresh process = the export the reference
                 wrote, every variable bit for bit.
     workers W   with --workers=W: the SGD job on W processes of one replica each
@@ -55,6 +62,16 @@ REFUSED = "refused in one line"
 # along (docs/guarantees.md). The bound at step t is t * this, on every sampled value: a
 # reduction counted twice or missing moves a weight by lr * gradient at step 1 already.
 ROUNDING_PER_STEP = 2e-7
+# A job more sensitive to the summation order (a contrastive loss over global negatives at
+# a high rate: step.all_gather's gradient is the slice of the summed upstream gradient, on
+# any replica count) parts by more than that from 1 replica's own rounding. Where another
+# replica count exceeds ROUNDING_PER_STEP, the job's 1-replica run is trained again in
+# another summation order (oneDNN's kernels off, or on: Job.process) and the replica
+# counts are judged against OWN_ROUNDING_FACTOR times what that run parted by, up to each
+# step: a gradient counted twice still parts at step 1 by far more.
+OWN_ROUNDING = "the job's own rounding"
+OWN_ROUNDING_FACTOR = 10.0
+ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 SGD = ("--config.train.optimizer=sgd", "--config.train.optimizer_args=")
 EXIT_PREEMPTED = 42
 
@@ -100,11 +117,15 @@ class Job:
             "--config.checkpoint.interval_seconds=0", "--config.runtime.deterministic=true",
             *layout, *extra]
 
-  def process(self, model_dir: str, flags: list[str],
-              replicas: int | None = None) -> processes.TrainerProcess:
+  def process(self, model_dir: str, flags: list[str], replicas: int | None = None,
+              reordered: bool = False) -> processes.TrainerProcess:
     """A trainer process recording digests; `replicas`: of a run on that many replicas (on
-    a GPU machine, MirroredStrategy takes every GPU it sees: it sees that many)."""
+    a GPU machine, MirroredStrategy takes every GPU it sees: it sees that many);
+    `reordered`: oneDNN's kernels switched (off where this process has them on), so its
+    sums run in another order."""
     env = {digests.ENV: "1"}
+    if reordered:
+      env[ONEDNN] = "1" if os.environ.get(ONEDNN, "") in ("0", "false", "False") else "0"
     if replicas is not None and self.gpus:
       env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
     return processes.TrainerProcess(model_dir, *flags, env=env)
@@ -127,10 +148,11 @@ def _finished(job: Job, process, what: str) -> str:
   return process.output
 
 
-def _run(job: Job, name: str, flags: list[str], replicas: int | None = None) -> str:
+def _run(job: Job, name: str, flags: list[str], replicas: int | None = None,
+         reordered: bool = False) -> str:
   model_dir = os.path.join(job.scratch, name)
   job.log(f"verify: {name}")
-  _finished(job, job.process(model_dir, flags, replicas), name)
+  _finished(job, job.process(model_dir, flags, replicas, reordered), name)
   return model_dir
 
 
@@ -181,7 +203,7 @@ def certify(job: Job) -> list[Check]:
 
 def _chain_track(job: Job, reference: str) -> list[Check]:
   checks = _chain(job, reference)
-  return [*checks, _eval(job, reference), _export(job, reference)]
+  return [*checks, _eval(job, reference), _eval_twice(job, reference), _export(job, reference)]
 
 
 def _chain(job: Job, reference: str) -> list[Check]:
@@ -341,6 +363,32 @@ def _eval(job: Job, reference: str) -> Check:
   return check
 
 
+def _eval_twice(job: Job, reference: str) -> Check:
+  """The last interval of the reference trained again in a process that evaluates every
+  step (--mode=train_and_eval): its eval of the last step comes after others in that
+  process, and must be the reference's, the only one its process ran. A metric the Task
+  holds and never resets (a Keras Mean updated by eval_step) carries the earlier evals
+  into the last; every other check runs one eval per process, and a checkpoint holds the
+  metric as it was, so only a second eval in one process shows it."""
+  start = job.steps - job.interval
+  check = Check("eval twice", BIT_FOR_BIT, tolerance=0.0,
+                note=f"step {start} resumed with an eval at each step: its eval of step "
+                     f"{job.steps} = the reference's")
+  if not _summary(reference).get("eval_examples"):
+    check.note = "not applicable: the job evaluates nothing (no eval_step)"
+    return check
+  again = os.path.join(job.scratch, "eval-twice")
+  copy_as_of(reference, again, start)
+  job.log("verify: eval twice")
+  _finished(job, job.process(again, [*job.run_flags(), "--mode=train_and_eval",
+                                     "--config.eval.interval=1"]), "eval twice")
+  worst, first = eval_difference(_summary(reference), _summary(again))
+  check.holds, check.largest = first is None, worst
+  if first:
+    check.first_step, check.first_variable = job.steps, first
+  return check
+
+
 def _export(job: Job, reference: str) -> Check:
   check = Check("export", BIT_FOR_BIT, tolerance=0.0,
                 note=f"--mode=export of step {job.steps} in a fresh process = the export "
@@ -377,9 +425,9 @@ def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
       {job.workers} if job.workers > 1 else set()))
   runs = {n: _run(job, f"sgd-{n}", job.run_flags(n, *sgd_flags), n) for n in counts}
   one = digests.read(runs[1]) if 1 in runs else {}
-  checks = []
+  checks, judged = [], []  # judged: (check, the other run's digests, its steps)
   for n in job.shapes[1:]:
-    elastic = _elastic(job, runs[n], runs[1], n, sgd_flags)
+    elastic = _elastic(job, runs[n], runs[1], n, sgd_flags, judged)
     shape = Check(f"shapes {n}", ROUNDING, tolerance=ROUNDING_PER_STEP * job.steps,
                   note=f"{n} replicas against 1, plain SGD, steps 1-{job.steps} (bound "
                        f"{ROUNDING_PER_STEP:.0e} per step)")
@@ -388,9 +436,16 @@ def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
       shape.note = ("not judged: the job's steps depend on the replica count, so distloop "
                     "refuses to resume it on another (elastic)")
     else:
-      _judge(shape, one, digests.read(runs[n]), range(1, job.steps + 1),
-             lambda step: ROUNDING_PER_STEP * step)
+      other = digests.read(runs[n])
+      _judge(shape, one, other, range(1, job.steps + 1), lambda step: ROUNDING_PER_STEP * step)
+      judged.append((shape, other, range(1, job.steps + 1)))
     checks += [shape, elastic]
+  if any(check.holds is False for check, _, _ in judged):
+    reordered = _run(job, "sgd-1-reordered", job.run_flags(1, *sgd_flags), 1, reordered=True)
+    own = own_rounding(one, digests.read(reordered))
+    for check, other, steps in judged:
+      if check.holds is False:
+        judge_own_rounding(check, one, other, steps, own)
   if job.workers > 1:
     checks.append(_workers(job, runs[job.workers], sgd_flags))
   return checks
@@ -424,7 +479,7 @@ def _workers(job: Job, one_process: str, sgd_flags: tuple) -> Check:
   return check
 
 
-def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:
+def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple, judged: list) -> Check:
   middle = (job.steps // 2) // job.interval * job.interval or job.interval
   check = Check(f"elastic {n}->1", ROUNDING, tolerance=ROUNDING_PER_STEP * job.steps,
                 note=f"step {middle} of {n} replicas resumed on 1: steps {middle + 1}-"
@@ -440,6 +495,39 @@ def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple) -> Check:
     return check
   if code != 0:
     raise JobFailed(f"elastic {n}->1", code, process.output)
-  _judge(check, digests.read(one), digests.read(resumed), range(middle + 1, job.steps + 1),
-         lambda step: ROUNDING_PER_STEP * step)
+  other, steps = digests.read(resumed), range(middle + 1, job.steps + 1)
+  _judge(check, digests.read(one), other, steps, lambda step: ROUNDING_PER_STEP * step)
+  judged.append((check, other, steps))
   return check
+
+
+def own_rounding(one: dict, reordered: dict) -> dict[int, float]:
+  """{step: the largest difference, up to that step, between the 1-replica run and the same
+  run in another summation order} (their digests' samples): how far this job's own
+  rounding carries it."""
+  largest, own = 0.0, {}
+  for step in sorted(set(one) & set(reordered)):
+    largest = max(largest, digests.step_difference(one[step], reordered[step],
+                                                   float("inf"))[1])
+    own[step] = largest
+  return own
+
+
+def judge_own_rounding(check: Check, one: dict, other: dict, steps, own: dict) -> None:
+  """`check` (which exceeded ROUNDING_PER_STEP) judged again against the job's own rounding
+  (`own_rounding`): OWN_ROUNDING_FACTOR times it at each step, never below the fixed bound.
+  A reordered run equal to the first bit for bit measured nothing: the verdict stands."""
+  if not any(own.values()):
+    check.note += (" (the 1-replica run in another summation order was the same bit for "
+                   "bit: the job's own rounding could not be measured)")
+    return
+
+  def bound(step: int) -> float:
+    return max(ROUNDING_PER_STEP * step, OWN_ROUNDING_FACTOR * own.get(step, 0.0))
+  check.bound, check.holds = OWN_ROUNDING, None
+  check.first_step = check.first_variable = None
+  check.tolerance = max(bound(step) for step in steps)
+  check.note += (f"; above {ROUNDING_PER_STEP:.0e} per step, so judged against the job's "
+                 f"own: its 1-replica run in another summation order parts by up to "
+                 f"{max(own.values()):.1e}, bound {OWN_ROUNDING_FACTOR:g}x that at each step")
+  _judge(check, one, other, steps, bound)

@@ -29,13 +29,17 @@ CAUSES = {
                "only the chief reads), or data read outside distloop's position",
     "eval": "eval in a fresh process differs from training's: eval reads state no checkpoint "
             "holds, or eval_step draws randomness",
+    "eval twice": "a process's eval of a step depends on the evals it ran before: a metric "
+                  "the Task holds (a Keras Mean, a counter) that eval_step updates and never "
+                  "resets, or other state eval_step writes; return per-example values and let "
+                  "distloop take the means",
     "export": "the export of the checkpoint differs from training's: export() reads state no "
               "checkpoint holds",
 }
 
 
 def cause(check: Check) -> str:
-  return CAUSES[check.name.split()[0]]
+  return CAUSES.get(check.name) or CAUSES[check.name.split()[0]]
 
 
 def _number(value) -> str:
