@@ -161,16 +161,19 @@ def input_digest(source, batch_rows: int):
   """`digest(first, end)`: SHA-256 of rows [first, end) as the source reads them (every
   leaf, features and labels, undecoded: a records file's bytes), `batch_rows` at a time;
   what each committed chunk records of its input, and a rerun compares. The same for any
-  batch size: the leaves' specs once, then each row's bytes."""
-  specs = repr([(tuple(shape), str(dtype)) for shape, dtype in source.leaf_specs()]).encode()
+  batch size: each leaf's rows hashed on their own, then the leaves' specs and digests."""
+  specs = source.leaf_specs()
 
   def digest(first: int, end: int) -> str:
-    hasher = hashlib.sha256(specs)
+    leaves = [hashlib.sha256() for _ in specs]
     for start in range(first, end, batch_rows):
-      for leaf in source.read_leaves(np.arange(start, min(start + batch_rows, end),
-                                               dtype=np.int64)):
+      rows = np.arange(start, min(start + batch_rows, end), dtype=np.int64)
+      for hasher, leaf in zip(leaves, source.read_leaves(rows), strict=True):
         _hash_leaf(hasher, np.asarray(leaf))
-    return hasher.hexdigest()
+    whole = hashlib.sha256(repr([(tuple(shape), str(dtype)) for shape, dtype in specs]).encode())
+    for hasher in leaves:
+      whole.update(hasher.digest())
+    return whole.hexdigest()
   return digest
 
 

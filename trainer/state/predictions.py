@@ -71,13 +71,15 @@ class Output:
 
   def commit(self, columns: dict) -> dict:
     """Writes the next chunk (`columns`: name -> numpy array of its rows, `index` first),
-    then names it in progress.json: from then on it is part of the output."""
+    then names it in progress.json, with its files' SHA-256 and its input rows' digest:
+    from then on it is part of the output."""
     index = len(self.chunks)
     first, end = self.chunk_range(index)
     rows = columns[ROW_INDEX]
     if not np.array_equal(rows, np.arange(first, end)):  # each row once, in order
       raise AssertionError(f"chunk {index}: rows {rows[:1]}..{rows[-1:]} ({len(rows)}) are "
                            f"not {first}..{end - 1}")
+    inputs = self.inputs(first, end)  # the source's rows read again (its errors, not ours)
     name = f"part-{index:05d}-of-{self.num_chunks:05d}"
     parquet_path = os.path.join(self.directory, PARQUET, f"{name}.parquet")
     try:
@@ -85,7 +87,7 @@ class Output:
       records = _write_records(os.path.join(self.directory, RECORDS,
                                             shards.name("train", index, self.num_chunks)),
                                columns)
-      entry = {"rows": int(len(rows)), "input": self.inputs(first, end), "parquet": parquet,
+      entry = {"rows": int(len(rows)), "input": inputs, "parquet": parquet,
                "records": records, "columns": _column_specs(columns)}
       # The commit: the files in place first, then progress.json names them.
       os.replace(_temporary(parquet_path), parquet_path)
