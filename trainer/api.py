@@ -32,6 +32,7 @@ from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import config_changes
+from trainer.state import elastic
 from trainer.state import mirror
 from trainer.state import model_dir as layout
 from trainer.state import writer_lock
@@ -103,13 +104,17 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
             task=None, actions=(), config_source: str = "the config given"):
   """The run, checks first: bad input costs a second and leaves model_dir untouched.
 
-  Flags aside (the CLI's), the order is: the config's fields and plug-ins, the
+  Flags aside (the CLI's), the order is: a resume on another shape that would change
+  the trajectory, where the JSON on disk decides it (trainer/state/elastic.py: before the
+  plug-ins' imports start TensorFlow), the config's fields and plug-ins, the
   model_dir's shape, a resume's changes (before TensorFlow starts), the data,
   the runtime and strategy, the batch sizes against the splits and the memory
   available, then (training) the writer lock on model_dir, then the Trainer.
   `config_source` says in words where the config came from (the logs of eval modes).
   """
   model_dir = mirror.staged(model_dir, fresh=False)  # gs://, s3://: its local staging
+  if mode in ("train", "train_and_eval"):  # a resume on another shape it would refuse
+    elastic.refuse_before_start(model_dir, config)  # before a plug-in's import starts TensorFlow
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     check_config(config)
   layout.check_layout(model_dir)

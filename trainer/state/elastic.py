@@ -10,9 +10,14 @@ replica holds it (Keras's random layers are drawn per example under
 `runtime.deterministic`: trainer/task/randomness.py). What still depends on the replica
 count (an unsynchronized BatchNormalization's statistics, randomness not drawn per
 example: `dependence`) would put the resumed run on another trajectory: refused, unless
-`checkpoint.allow_other_trajectory` asks for it. Pure Python.
+`checkpoint.allow_other_trajectory` asks for it. Pure Python: a refusal is decided from the JSON on disk before TensorFlow starts where the
+shape to come is known without it (`refuse_before_start`), else after the restore.
 """
+import glob
+import os
+
 from trainer.errors import UserError
+from trainer.state import model_dir as layout
 
 ALLOW_FLAG = "--config.checkpoint.allow_other_trajectory=true"
 
@@ -20,6 +25,65 @@ ALLOW_FLAG = "--config.checkpoint.allow_other_trajectory=true"
 def shape(*, replicas: int, workers: int, strategy: str) -> dict:
   """What a step's meta records of the shape that trained it."""
   return {"replicas": int(replicas), "workers": int(workers), "strategy": str(strategy)}
+
+
+def dependence(*, deterministic: bool, replicas: list[str], strategy: list[str]) -> dict:
+  """What a step's meta records of what makes its trajectory depend on the shape (judge's
+  `dependence` and `strategy_dependence`, found by tracing the step): a resume reads it
+  back before TensorFlow starts (`refuse_before_start`)."""
+  return {"deterministic": bool(deterministic), "replicas": list(replicas),
+          "strategy": list(strategy)}
+
+
+def refuse_before_start(model_dir: str, config) -> None:
+  """The refusal `judge` makes once the step is restored, made before TensorFlow starts
+  (the data, the runtime, the model and its trace: seconds) from the JSON on disk: the
+  newest step's meta (its shape, what made its trajectory depend on it) and the shape
+  this process will have, where the config alone says it (`_shape_before_start`).
+  Anything else is judged after the restore, as before: a GPU, a cluster, a step saved
+  before meta recorded its dependence, another runtime.deterministic, a finished run (a
+  rerun is "already finished"), train.epochs (the steps are known after the data), a
+  config whose fields read here are not yet checked values. Only the refusal is decided here; the line of a resume that goes on comes with
+  the restore. It runs before the config's checks, whose plug-in imports (a model's
+  module importing Keras) start TensorFlow: the fields it reads are checked here."""
+  runtime, allowed, steps = config.runtime, config.checkpoint.allow_other_trajectory, None
+  if not config.train.epochs:  # (train.epochs: the run's steps are known after the data)
+    steps = config.train.steps
+  if (not isinstance(runtime.deterministic, bool) or not isinstance(allowed, bool)
+      or not isinstance(steps, int) or isinstance(steps, bool)
+      or layout.finished_step(model_dir, steps, config.to_dict()) is not None):
+    return
+  now = _shape_before_start(runtime)
+  if now is None:
+    return
+  for step in reversed(layout.checkpoint_steps(model_dir)):
+    meta = layout.step_meta(model_dir, step)
+    if meta is None:
+      continue  # unreadable: the restore sets it aside and judges the step it takes
+    recorded = meta.get("dependence")
+    if (isinstance(recorded, dict)
+        and recorded.get("deterministic") == bool(config.runtime.deterministic)):
+      judge(meta.get("shape"), now, step=step, deterministic=runtime.deterministic,
+            dependence=list(recorded.get("replicas", [])), allowed=allowed,
+            strategy_dependence=list(recorded.get("strategy", [])))
+    return
+
+
+def _shape_before_start(runtime) -> dict | None:
+  """The shape a single process of a local strategy will have on CPUs (runtime.strategy
+  and runtime.num_cpu_devices say it); None where only TensorFlow can tell (a GPU's
+  device files are there) or a cluster may be involved (TF_CONFIG, Slurm)."""
+  if runtime.strategy not in ("default", "one_device", "mirrored", "central_storage"):
+    return None
+  if os.environ.get("TF_CONFIG") or "SLURM_PROCID" in os.environ:
+    return None
+  if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"):  # NVIDIA's, ROCm's
+    return None
+  replicas = (runtime.num_cpu_devices if runtime.strategy in ("mirrored", "central_storage")
+              else 1)
+  if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+    return None
+  return shape(replicas=replicas, workers=1, strategy=runtime.strategy)
 
 
 def words(recorded: dict) -> str:

@@ -285,7 +285,10 @@ class TrainState:
             "config": config_dict, "actions": copy.deepcopy(self.action_state),
             "identity": config_changes.identity(config_dict, self._task_name,
                                                 self._keyed_shapes(), self._run_id),
-            "shape": self._shape}
+            "shape": self._shape,
+            "dependence": elastic.dependence(
+                deterministic=self._config.runtime.deterministic,
+                replicas=self._replica_dependence, strategy=self._strategy_dependence)}
     return model_tree, optimizer_tree, meta
 
   def _keyed_shapes(self) -> dict:
