@@ -7,7 +7,8 @@
 For a notebook, a script, or a worker process of a distributed engine (Ray
 Train calls a Python function per worker). Everything the CLI checks is checked
 (the config, the model_dir, the data, a resume's changes), in the same order and
-with the same one-line messages, but raised, never `sys.exit`:
+with the same one-line messages (naming run()'s arguments and the config's fields where the
+CLI names its flags: `in_api_words`), but raised, never `sys.exit`:
 
     UserError, input_pipelines.DataError  bad input (the CLI's exit 2)
     NonFiniteError, StorageError           the run failed (exit 1)
@@ -71,14 +72,14 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
       result = execute(config, model_dir, mode, checkpoint_step, task=task, actions=actions)
       return mirror.display(result) if isinstance(result, str) else result
     except (UserError, input_pipelines.DataError, Preempted) as e:
-      _display_urls(e)
+      _for_the_caller(e)
       raise
     except Exception as e:  # pylint: disable=broad-except  (translated or re-raised)
       translated = translate(e)
       if translated is None:
-        _display_urls(e)
+        _for_the_caller(e)
         raise
-      raise _display_urls(translated) from None
+      raise _for_the_caller(translated) from None
     finally:  # the CLI leaves without them (os._exit); a Python caller's process goes on
       batches = sys.modules.get("trainer.loop.batches")
       if batches is not None:
@@ -93,11 +94,27 @@ def predict(config, model_dir: str, *, task=None, checkpoint_step: int | None = 
              handle_signals=handle_signals)
 
 
-def _display_urls(error: BaseException) -> BaseException:
-  """`error` with its message naming a bucket model_dir by its URL, not its staging."""
+def _for_the_caller(error: BaseException) -> BaseException:
+  """`error` as run()'s caller reads it: a bucket model_dir named by its URL, not its
+  staging; a refusal (bad input) in the API's words."""
   if error.args and isinstance(error.args[0], str):
-    error.args = (mirror.display(error.args[0]), *error.args[1:])
+    message = mirror.display(error.args[0])
+    if isinstance(error, (UserError, input_pipelines.DataError)):
+      message = in_api_words(message)
+    error.args = (message, *error.args[1:])
   return error
+
+
+def in_api_words(message: str) -> str:
+  """A refusal's message, written once in the CLI's words (its flags), in the Python API's:
+  `--model_dir=...`, `--mode=eval`, `--checkpoint_step=N`, `--config=NAME` are run()'s
+  arguments (`model_dir=...`, `mode='eval'`, ...), `--config.FIELD=VALUE` a config field
+  (`config.train.steps=100`, `config.checkpoint.allow_other_trajectory=True`). The one
+  place the wording differs: the CLI (which calls execute) keeps its flags."""
+  message = re.sub(r"--config\.([\w.{}]+)=(true|false)\b",
+                   lambda match: f"config.{match[1]}={match[2].capitalize()}", message)
+  message = re.sub(r"--mode=(\w+)", r"mode='\1'", message)
+  return re.sub(r"--(?=(?:config|model_dir|mode|checkpoint_step)\b)", "", message)
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,

@@ -45,8 +45,8 @@ def test_the_python_api_raises_the_same_line(tmp_path, monkeypatch):
   import trainer  # pylint: disable=g-import-not-at-top
   from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(UserError, match=r"--model_dir=hdfs://nn/run1: hdfs:// is not supported.*"
-                                      r"FUSE driver"):
+  with pytest.raises(UserError, match=r"^model_dir=hdfs://nn/run1: hdfs:// is not supported.*"
+                                      r"FUSE driver"):  # the API's argument, not the flag
     trainer.run("synthetic", "hdfs://nn/run1")
   assert not os.listdir(tmp_path)
 

@@ -88,7 +88,7 @@ def test_train_and_eval_of_a_task_without_eval_step_is_refused(tmp_path):
 @pytest.mark.parametrize("mode", ["eval", "export"])
 def test_the_python_api_raises_the_same_line(tmp_path, mode):
   """trainer.run gives the CLI's refusal as a UserError (it returned {"examples": 0} and
-  None)."""
+  None), in the API's words (mode='eval', not --mode=eval)."""
   import configs  # pylint: disable=g-import-not-at-top
   import trainer  # pylint: disable=g-import-not-at-top
   from tests.plugins import train_only_task  # pylint: disable=g-import-not-at-top
@@ -97,7 +97,7 @@ def test_the_python_api_raises_the_same_line(tmp_path, mode):
   config.train.steps = 4
   with pytest.raises(UserError) as refused:
     trainer.run(config, str(tmp_path / "run"), mode=mode, task=train_only_task.TrainsOnly)
-  assert str(refused.value) == _REFUSALS[mode]
+  assert str(refused.value) == _REFUSALS[mode].replace(f"--mode={mode}", f"mode='{mode}'")
   assert not (tmp_path / "run").exists()
 
 
