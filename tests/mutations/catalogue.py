@@ -474,6 +474,15 @@ CATALOGUE = [
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
                "and_variable[mean_never_reset]",)),
     Mutation(
+        name="verify_own_rounding_too_loose",
+        plants="verify's bound from the job's own rounding is 1e6 times what the reordered "
+               "run parts by: a gradient counted twice passes as a sensitive job",
+        file="trainer/verify/checks.py",
+        old="OWN_ROUNDING_FACTOR = 10.0\n",
+        new="OWN_ROUNDING_FACTOR = 1e6\n",
+        slice=("tests/verify/test_judging.py::test_a_job_more_sensitive_to_the_summation_order_"
+               "is_judged_by_its_own_rounding[gradient_counted_twice]",)),
+    Mutation(
         name="verify_rounding_bound_too_loose",
         plants="verify's bound on another replica count is 1e-3 a step, not float32 rounding: "
                "a loss over the replica's batch passes",

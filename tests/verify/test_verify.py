@@ -82,6 +82,9 @@ def test_a_planted_defect_is_named_by_its_check_step_and_variable(tmp_path, flag
   assert (found[check]["first_step"], found[check]["first_variable"]) == (step, variable), \
       found[check]
   assert found[check]["usually"], found[check]
+  if check.startswith("shapes"):  # beyond rounding: judged again by the job's own, and still
+    assert found[check]["bound"] == "the job's own rounding", found[check]  # at step 1
+    assert "another summation order parts by" in found[check]["ran"], found[check]
   earlier = list(found)[:list(found).index(check)]
   assert all(found[name]["verdict"] != "DIFFERS" for name in earlier), found
   assert f"{check}: first differs at step {step}, variable {variable}" in output, output[-3000:]
