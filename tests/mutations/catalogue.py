@@ -449,7 +449,7 @@ CATALOGUE = [
         name="verify_judges_a_run_against_itself",
         plants="verify's resume checks read the reference's digests for both runs: checks "
                "that cannot fail",
-        file="trainer/verify/checks.py",
+        file="trainer/verify/judging.py",
         old="  ours, theirs = digests.read(reference), digests.read(chain)\n",
         new="  ours, theirs = digests.read(reference), digests.read(reference)\n",
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
@@ -458,9 +458,9 @@ CATALOGUE = [
         name="verify_resume_tolerance_loosened",
         plants="verify's resume checks (judge_chain) let a difference of 1e-6 through while "
                "the report still says bit for bit",
-        file="trainer/verify/checks.py",
-        old="      _judge(check, ours, theirs, steps, 0.0)\n",
-        new="      _judge(check, ours, theirs, steps, 1e-6)\n",
+        file="trainer/verify/judging.py",
+        old="      judge_digests(check, ours, theirs, steps, 0.0)\n",
+        new="      judge_digests(check, ours, theirs, steps, 1e-6)\n",
         slice=("tests/verify/test_judging.py::test_a_resume_that_parts_by_one_ulp_differs_bit_"
                "for_bit[6-sigkill]",)),
     Mutation(
@@ -477,7 +477,7 @@ CATALOGUE = [
         name="verify_own_rounding_too_loose",
         plants="verify's bound from the job's own rounding is 1e6 times what the reordered "
                "run parts by: a gradient counted twice passes as a sensitive job",
-        file="trainer/verify/checks.py",
+        file="trainer/verify/judging.py",
         old="OWN_ROUNDING_FACTOR = 10.0\n",
         new="OWN_ROUNDING_FACTOR = 1e6\n",
         slice=("tests/verify/test_judging.py::test_a_job_more_sensitive_to_the_summation_order_"
@@ -486,7 +486,7 @@ CATALOGUE = [
         name="verify_rounding_bound_too_loose",
         plants="verify's bound on another replica count is 1e-3 a step, not float32 rounding: "
                "a loss over the replica's batch passes",
-        file="trainer/verify/checks.py",
+        file="trainer/verify/judging.py",
         old="ROUNDING_PER_STEP = 2e-7\n",
         new="ROUNDING_PER_STEP = 1e-3\n",
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"

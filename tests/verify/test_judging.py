@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainer.loop import digests
-from trainer.verify import checks, report
+from trainer.verify import judging, report
 
 KEY = "model/tiny/logits/kernel"
 STEPS = 8
@@ -37,15 +37,15 @@ def test_a_resume_that_parts_by_one_ulp_differs_bit_for_bit(tmp_path, step, part
   reference, chain = tmp_path / "reference", tmp_path / "chain"
   _write_digests(reference)
   _write_digests(chain, nudged_step=step)
-  judged = checks.judge_chain(str(reference), str(chain), stopped=3, restored=5, last=STEPS,
-                              killed="after step 6")
+  judged = judging.judge_chain(str(reference), str(chain), stopped=3, restored=5,
+                               last=STEPS, killed="after step 6")
   found = {check.name: check for check in judged}
   assert list(found) == ["repeat", "sigterm", "sigkill"]
   check = found[parted]
   assert check.holds is False, report.table(judged)
   assert (check.first_step, check.first_variable) == (step, KEY), report.table(judged)
   assert 0.0 < check.largest < 1e-6
-  assert (check.bound, check.tolerance) == (checks.BIT_FOR_BIT, 0.0)
+  assert (check.bound, check.tolerance) == (judging.BIT_FOR_BIT, 0.0)
   earlier = judged[:judged.index(check)]
   assert all(other.holds for other in earlier), report.table(judged)
   assert all(other.holds is None for other in judged[judged.index(check) + 1:])
@@ -60,10 +60,11 @@ def _trajectory(moved_by) -> dict:
       for step in range(1, STEPS + 1)}
 
 
-def _failing_shapes_check(one, other) -> checks.Check:
-  check = checks.Check("shapes 2", checks.ROUNDING, tolerance=checks.ROUNDING_PER_STEP * STEPS)
-  checks._judge(check, one, other, range(1, STEPS + 1),  # pylint: disable=protected-access
-                lambda step: checks.ROUNDING_PER_STEP * step)
+def _failing_shapes_check(one, other) -> judging.Check:
+  check = judging.Check("shapes 2", judging.ROUNDING,
+                        tolerance=judging.ROUNDING_PER_STEP * STEPS)
+  judging.judge_digests(check, one, other, range(1, STEPS + 1),
+                        lambda step: judging.ROUNDING_PER_STEP * step)
   return check
 
 
@@ -82,13 +83,13 @@ def test_a_job_more_sensitive_to_the_summation_order_is_judged_by_its_own_roundi
   other = _trajectory(another_count)
   check = _failing_shapes_check(one, other)
   assert check.holds is False
-  checks.judge_own_rounding(check, one, other, range(1, STEPS + 1),
-                            checks.own_rounding(one, reordered))
+  judging.judge_own_rounding(check, one, other, range(1, STEPS + 1),
+                             judging.own_rounding(one, reordered))
   assert check.holds is holds, report.table([check])
-  assert check.bound == checks.OWN_ROUNDING == "the job's own rounding"
+  assert check.bound == judging.OWN_ROUNDING == "the job's own rounding"
   assert "another summation order" in check.note
   if holds:
-    assert check.largest > checks.ROUNDING_PER_STEP * STEPS  # beyond the fixed bound
+    assert check.largest > judging.ROUNDING_PER_STEP * STEPS  # beyond the fixed bound
   else:
     assert (check.first_step, check.first_variable) == (1, KEY)
 
@@ -98,7 +99,7 @@ def test_an_unmeasurable_own_rounding_leaves_the_verdict():
   the fixed bound's verdict stands, and the report says why."""
   one = _trajectory(lambda step: 0.0)
   check = _failing_shapes_check(one, _trajectory(lambda step: 1e-5))
-  checks.judge_own_rounding(check, one, _trajectory(lambda step: 1e-5), range(1, STEPS + 1),
-                            checks.own_rounding(one, one))
-  assert (check.holds, check.bound, check.first_step) == (False, checks.ROUNDING, 1)
+  judging.judge_own_rounding(check, one, _trajectory(lambda step: 1e-5),
+                             range(1, STEPS + 1), judging.own_rounding(one, one))
+  assert (check.holds, check.bound, check.first_step) == (False, judging.ROUNDING, 1)
   assert "could not be measured" in check.note

@@ -34,9 +34,10 @@ DISTLOOP_DIGESTS=1 (trainer/loop/digests.py: each variable's digest at each step
     workers W   with --workers=W: the SGD job on W processes of one replica each
                 (python -m trainer.launch) = W replicas in one process, bit for bit.
 
-A difference is named by the first step and variable where it appears (the digests), and
-what usually causes it (report.py). Two tracks of processes run side by side (the
-reference's and the SGD runs'): a deterministic run's numbers do not depend on the load.
+A difference is named by the first step and variable where it appears (the digests;
+judging.py compares two runs), and what usually causes it (report.py). Two tracks of
+processes run side by side (the reference's and the SGD runs'): a deterministic run's
+numbers do not depend on the load.
 """
 import concurrent.futures
 import dataclasses
@@ -49,44 +50,17 @@ import signal
 import time
 from typing import Callable
 
-import numpy as np
-
 from trainer.loop import digests
 from trainer.state import model_dir as layout
-from trainer.verify import processes
+from trainer.verify import judging, processes
+# What the guarantee harness and report.py read here (tests/guarantees/test_matrix.py).
+from trainer.verify.judging import (  # noqa: F401
+    BIT_FOR_BIT, OWN_ROUNDING, REFUSED, ROUNDING, ROUNDING_PER_STEP, Check, eval_difference,
+    judge, judge_chain)
 
-BIT_FOR_BIT = "bit for bit"
-ROUNDING = "float32 rounding"
-REFUSED = "refused in one line"
-# Another replica count sums each step in another order: a few ulps per step, carried
-# along (docs/guarantees.md). The bound at step t is t * this, on every sampled value: a
-# reduction counted twice or missing moves a weight by lr * gradient at step 1 already.
-ROUNDING_PER_STEP = 2e-7
-# A job more sensitive to the summation order (a contrastive loss over global negatives at
-# a high rate: step.all_gather's gradient is the slice of the summed upstream gradient, on
-# any replica count) parts by more than that from 1 replica's own rounding. Where another
-# replica count exceeds ROUNDING_PER_STEP, the job's 1-replica run is trained again in
-# another summation order (oneDNN's kernels off, or on: Job.process) and the replica
-# counts are judged against OWN_ROUNDING_FACTOR times what that run parted by, up to each
-# step: a gradient counted twice still parts at step 1 by far more.
-OWN_ROUNDING = "the job's own rounding"
-OWN_ROUNDING_FACTOR = 10.0
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 SGD = ("--config.train.optimizer=sgd", "--config.train.optimizer_args=")
 EXIT_PREEMPTED = 42
-
-
-@dataclasses.dataclass
-class Check:
-  """One row of the report."""
-  name: str
-  bound: str                          # BIT_FOR_BIT | ROUNDING | REFUSED
-  holds: bool | None = None           # None: not judged (why: `note`)
-  largest: float | None = None        # the largest difference measured
-  tolerance: float | None = None
-  first_step: int | None = None       # where the runs first part
-  first_variable: str | None = None
-  note: str = ""
 
 
 @dataclasses.dataclass
@@ -170,14 +144,6 @@ def copy_as_of(source: str, destination: str, step: int) -> None:
                           and name in ("export", "summary.json", "finished.json"))])
 
 
-def _summary(model_dir: str) -> dict:
-  try:
-    with open(os.path.join(model_dir, "summary.json")) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}
-
-
 def _config(model_dir: str) -> dict:
   with open(os.path.join(model_dir, "config.json")) as f:
     return json.load(f)
@@ -221,7 +187,7 @@ def _chain(job: Job, reference: str) -> list[Check]:
   # (as long as the reference's steps took): the kill lands mid-step, before the end.
   picker = random.Random(job.seed)
   kill_after = picker.randint(min(stopped + job.interval + 1, job.steps - 2), job.steps - 2)
-  summary = _summary(reference)
+  summary = judging.summary(reference)
   delay = picker.uniform(0.0, summary.get("train_time_sec", 0.0) / job.steps)
   job.log(f"verify: chain: resumed, SIGKILL {delay:.3f} s after step {kill_after}")
   second = job.process(chain, flags)
@@ -243,111 +209,11 @@ def _chain(job: Job, reference: str) -> list[Check]:
                      last=job.steps, killed=f"after step {kill_after} (+{delay:.3f} s)")
 
 
-def judge_chain(reference: str, chain: str, *, stopped: int, restored: int, last: int,
-                killed: str) -> list[Check]:
-  """[repeat, sigterm, sigkill] of a chain's model_dir against the uninterrupted
-  `reference`, step by step (the steps both recorded), bit for bit, then the end: the
-  checkpoints of `last` and the eval each reported (summary.json). `stopped`: the step
-  the SIGTERM saved; `restored`: the step the run after the SIGKILL resumed from. The
-  guarantee harness judges its workloads' resumes with this too
-  (tests/guarantees/test_matrix.py)."""
-  ours, theirs = digests.read(reference), digests.read(chain)
-  end = last + 1
-  sigterm_until = restored if restored > stopped else last
-  segments = [
-      ("repeat", f"another process of the same job, steps 1-{stopped}", range(1, stopped + 1)),
-      ("sigterm", f"SIGTERM at step {stopped}, resumed: steps {stopped + 1}-{sigterm_until}",
-       range(stopped + 1, sigterm_until + 1)),
-      ("sigkill", f"SIGKILL {killed}, resumed from step {restored}: steps {restored + 1}-"
-                  f"{last}", range(restored + 1, end)),
-  ]
-  checks, parted = [], None
-  for name, what, steps in segments:
-    check = Check(name, BIT_FOR_BIT, tolerance=0.0, note=what)
-    if parted is not None:
-      check.note = f"not judged: the runs parted earlier ({parted})"
-    else:
-      _judge(check, ours, theirs, steps, 0.0)
-      if check.holds is False:
-        parted = name
-    checks.append(check)
-  if parted is None:  # the end: every variable, and what eval reported (which sees more)
-    final = _final_difference(reference, chain, last)
-    evals = eval_difference(_summary(reference), _summary(chain))
-    if final[1] or evals[1]:
-      last_check = checks[-1]
-      last_check.holds, last_check.first_step = False, last
-      last_check.largest, last_check.first_variable = max((final, evals),
-                                                          key=lambda f: f[0])[:2]
-  return checks
-
-
-def judge(check: Check, reference: str, other: str, steps, tolerance) -> None:
-  """`_judge` on two model_dirs' digests (the guarantee harness judges its runs so)."""
-  _judge(check, digests.read(reference), digests.read(other), steps, tolerance)
-
-
-def _judge(check: Check, ours: dict, theirs: dict, steps, tolerance) -> None:
-  """Sets check.holds and where the runs part (tolerance: a number, or per step), on the
-  steps of `steps` both runs recorded (a loop boundary of each: every step of verify's
-  runs); not judged (None) if there is none."""
-  steps = [step for step in steps if step in ours and step in theirs]
-  if not steps:
-    check.note += " (no step both runs recorded: not judged)"
-    return
-  check.largest = 0.0
-  for step in steps:
-    bound = tolerance(step) if callable(tolerance) else tolerance
-    key, difference = digests.step_difference(ours[step], theirs[step], bound)
-    if key is not None:
-      check.holds = False
-      check.first_step, check.first_variable, check.largest = step, key, difference
-      return
-    check.largest = max(check.largest, difference)
-  check.holds = True
-
-
-def _final_difference(ours: str, theirs: str, step: int) -> tuple[float, str | None]:
-  """(largest difference, first differing key) of two runs' checkpoints of `step`."""
-  return _arrays_difference(processes.read_checkpoint(ours, step),
-                            processes.read_checkpoint(theirs, step))
-
-
-def _arrays_difference(a: dict, b: dict) -> tuple[float, str | None]:
-  """(largest difference, first key whose bytes differ) of two {key: array}: inf where a
-  key or a shape differs."""
-  if a.keys() != b.keys():
-    return float("inf"), sorted(a.keys() ^ b.keys())[0]
-  worst, first = 0.0, None
-  for key in a:
-    if a[key].shape != b[key].shape:
-      return float("inf"), key
-    if a[key].tobytes() != b[key].tobytes():
-      first = first or key
-      if a[key].dtype.kind in "fiu":
-        worst = max(worst, float(np.max(np.abs(a[key].astype(np.float64)
-                                               - b[key].astype(np.float64)))))
-  return worst, first
-
-
-def eval_difference(ours: dict, theirs: dict) -> tuple[float, str | None]:
-  """(largest difference, first differing key) of the eval values of two summaries
-  (summary.json's eval_* keys)."""
-  worst, first = 0.0, None
-  for key, value in ours.items():
-    if key.startswith("eval_") and not key.endswith("_sec") and isinstance(value, float):
-      other = theirs.get(key)
-      if other != value:
-        first = first or f"summary.json {key}"
-        worst = max(worst, abs(value - other) if isinstance(other, float) else float("inf"))
-  return worst, first
-
-
 def _eval(job: Job, reference: str) -> Check:
   check = Check("eval", BIT_FOR_BIT, tolerance=0.0,
                 note=f"--mode=eval of step {job.steps} in a fresh process = the eval "
                      f"training reported at its end")
-  summary = _summary(reference)
+  summary = judging.summary(reference)
   if not summary.get("eval_examples"):
     check.note = "not applicable: the job evaluates nothing (no eval_step)"
     return check
@@ -374,7 +240,7 @@ def _eval_twice(job: Job, reference: str) -> Check:
   check = Check("eval twice", BIT_FOR_BIT, tolerance=0.0,
                 note=f"step {start} resumed with an eval at each step: its eval of step "
                      f"{job.steps} = the reference's")
-  if not _summary(reference).get("eval_examples"):
+  if not judging.summary(reference).get("eval_examples"):
     check.note = "not applicable: the job evaluates nothing (no eval_step)"
     return check
   again = os.path.join(job.scratch, "eval-twice")
@@ -382,7 +248,7 @@ def _eval_twice(job: Job, reference: str) -> Check:
   job.log("verify: eval twice")
   _finished(job, job.process(again, [*job.run_flags(), "--mode=train_and_eval",
                                      "--config.eval.interval=1"]), "eval twice")
-  worst, first = eval_difference(_summary(reference), _summary(again))
+  worst, first = eval_difference(judging.summary(reference), judging.summary(again))
   check.holds, check.largest = first is None, worst
   if first:
     check.first_step, check.first_variable = job.steps, first
@@ -401,21 +267,12 @@ def _export(job: Job, reference: str) -> Check:
   copy_as_of(reference, again, job.steps)
   job.log("verify: export")
   _finished(job, job.process(again, [*job.run_flags(), "--mode=export"]), "--mode=export")
-  worst, first = _export_difference(written, os.path.join(again, "export", str(job.steps)))
+  worst, first = judging.export_difference(written,
+                                           os.path.join(again, "export", str(job.steps)))
   check.holds, check.largest = first is None, worst
   if first:
     check.first_step, check.first_variable = job.steps, first
   return check
-
-
-def _export_difference(ours: str, theirs: str) -> tuple[float, str | None]:
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-  def variables(export_dir: str) -> dict:
-    reader = tf.train.load_checkpoint(os.path.join(export_dir, "variables", "variables"))
-    return {name: np.asarray(reader.get_tensor(name))
-            for name in sorted(reader.get_variable_to_shape_map())}
-  return _arrays_difference(variables(ours), variables(theirs))
 
 
 # -- the SGD track: shapes and elastic ---------------------------------------------------
@@ -437,15 +294,16 @@ def _shapes_track(job: Job, sgd_flags: tuple) -> list[Check]:
                     "refuses to resume it on another (elastic)")
     else:
       other = digests.read(runs[n])
-      _judge(shape, one, other, range(1, job.steps + 1), lambda step: ROUNDING_PER_STEP * step)
+      judging.judge_digests(shape, one, other, range(1, job.steps + 1),
+                            lambda step: ROUNDING_PER_STEP * step)
       judged.append((shape, other, range(1, job.steps + 1)))
     checks += [shape, elastic]
   if any(check.holds is False for check, _, _ in judged):
     reordered = _run(job, "sgd-1-reordered", job.run_flags(1, *sgd_flags), 1, reordered=True)
-    own = own_rounding(one, digests.read(reordered))
+    own = judging.own_rounding(one, digests.read(reordered))
     for check, other, steps in judged:
       if check.holds is False:
-        judge_own_rounding(check, one, other, steps, own)
+        judging.judge_own_rounding(check, one, other, steps, own)
   if job.workers > 1:
     checks.append(_workers(job, runs[job.workers], sgd_flags))
   return checks
@@ -469,10 +327,10 @@ def _workers(job: Job, one_process: str, sgd_flags: tuple) -> Check:
                                       f"--model_dir={model_dir}", *flags,
                                       module="trainer.launch", env={digests.ENV: "1"})
   _finished(job, launched, f"{n} workers")
-  _judge(check, digests.read(one_process), digests.read(model_dir), range(1, job.steps + 1),
-         0.0)
+  judging.judge_digests(check, digests.read(one_process), digests.read(model_dir),
+                        range(1, job.steps + 1), 0.0)
   if check.holds:
-    worst, first = _final_difference(one_process, model_dir, job.steps)
+    worst, first = judging.final_difference(one_process, model_dir, job.steps)
     if first:
       check.holds, check.largest = False, worst
       check.first_step, check.first_variable = job.steps, first
@@ -496,38 +354,9 @@ def _elastic(job: Job, run: str, one: str, n: int, sgd_flags: tuple, judged: lis
   if code != 0:
     raise JobFailed(f"elastic {n}->1", code, process.output)
   other, steps = digests.read(resumed), range(middle + 1, job.steps + 1)
-  _judge(check, digests.read(one), other, steps, lambda step: ROUNDING_PER_STEP * step)
+  judging.judge_digests(check, digests.read(one), other, steps,
+                        lambda step: ROUNDING_PER_STEP * step)
   judged.append((check, other, steps))
   return check
 
 
-def own_rounding(one: dict, reordered: dict) -> dict[int, float]:
-  """{step: the largest difference, up to that step, between the 1-replica run and the same
-  run in another summation order} (their digests' samples): how far this job's own
-  rounding carries it."""
-  largest, own = 0.0, {}
-  for step in sorted(set(one) & set(reordered)):
-    largest = max(largest, digests.step_difference(one[step], reordered[step],
-                                                   float("inf"))[1])
-    own[step] = largest
-  return own
-
-
-def judge_own_rounding(check: Check, one: dict, other: dict, steps, own: dict) -> None:
-  """`check` (which exceeded ROUNDING_PER_STEP) judged again against the job's own rounding
-  (`own_rounding`): OWN_ROUNDING_FACTOR times it at each step, never below the fixed bound.
-  A reordered run equal to the first bit for bit measured nothing: the verdict stands."""
-  if not any(own.values()):
-    check.note += (" (the 1-replica run in another summation order was the same bit for "
-                   "bit: the job's own rounding could not be measured)")
-    return
-
-  def bound(step: int) -> float:
-    return max(ROUNDING_PER_STEP * step, OWN_ROUNDING_FACTOR * own.get(step, 0.0))
-  check.bound, check.holds = OWN_ROUNDING, None
-  check.first_step = check.first_variable = None
-  check.tolerance = max(bound(step) for step in steps)
-  check.note += (f"; above {ROUNDING_PER_STEP:.0e} per step, so judged against the job's "
-                 f"own: its 1-replica run in another summation order parts by up to "
-                 f"{max(own.values()):.1e}, bound {OWN_ROUNDING_FACTOR:g}x that at each step")
-  _judge(check, one, other, steps, bound)

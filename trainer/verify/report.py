@@ -3,7 +3,7 @@ difference, check by check."""
 import json
 import math
 
-from trainer.verify.checks import REFUSED, Check
+from trainer.verify.judging import REFUSED, Check
 
 # What usually makes each check fail, in the order to look.
 CAUSES = {
