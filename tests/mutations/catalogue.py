@@ -165,6 +165,14 @@ CATALOGUE = [
         old="    try:\n      self.save(position)\n      self.train_state.wait()\n",
         new="    try:\n      self.train_state.wait()\n",
         slice=(_SIGTERM_CONFIGURED_CODE,)),
+    Mutation(
+        name="preempted_loop_not_logged",
+        plants="the loop behind a SIGTERM saves its step and exits 42 before logging its train "
+               "values: metrics.csv and TensorBoard never hold that step (issue 57)",
+        file="trainer/loop/boundary.py",
+        old="    self._progress_report.report(boundary)\n    self._save_and_stop(boundary.position)",
+        new="    self._save_and_stop(boundary.position)",
+        slice=("tests/loop/test_preempted_metrics.py::test_each_loop_logged_once_across_sigterms",)),
 
     # -- the data order and the batches ---------------------------------------------------
     Mutation(
