@@ -39,17 +39,21 @@ def refuse_before_start(model_dir: str, config) -> None:
   """The refusal `judge` makes once the step is restored, made before TensorFlow starts
   (the data, the runtime, the model and its trace: seconds) from the JSON on disk: the
   newest step's meta (its shape, what made its trajectory depend on it) and the shape
-  this process will have, where the config alone says it (`_shape_before_start`).
+  this process will have, where the config alone says it (`_shape_before_start`). It
+  runs before the config's checks, whose plug-in imports (a model's module importing
+  Keras) start TensorFlow, so it reads only fields whose values it checks itself.
   Anything else is judged after the restore, as before: a GPU, a cluster, a step saved
   before meta recorded its dependence, another runtime.deterministic, a finished run (a
   rerun is "already finished"), train.epochs (the steps are known after the data), a
-  config whose fields read here are not yet checked values. Only the refusal is decided here; the line of a resume that goes on comes with
-  the restore. It runs before the config's checks, whose plug-in imports (a model's
-  module importing Keras) start TensorFlow: the fields it reads are checked here."""
-  runtime, allowed, steps = config.runtime, config.checkpoint.allow_other_trajectory, None
-  if not config.train.epochs:  # (train.epochs: the run's steps are known after the data)
-    steps = config.train.steps
-  if (not isinstance(runtime.deterministic, bool) or not isinstance(allowed, bool)
+  field the config's checks will refuse. Only the refusal is decided here; the line of
+  a resume that goes on comes with the restore."""
+  try:
+    runtime, allowed = config.runtime, config.checkpoint.allow_other_trajectory
+    steps = None if config.train.epochs else config.train.steps
+    deterministic = runtime.deterministic
+  except (AttributeError, KeyError):
+    return  # a field missing: the config's checks name it
+  if (not isinstance(deterministic, bool) or not isinstance(allowed, bool)
       or not isinstance(steps, int) or isinstance(steps, bool)
       or layout.finished_step(model_dir, steps, config.to_dict()) is not None):
     return
@@ -61,29 +65,37 @@ def refuse_before_start(model_dir: str, config) -> None:
     if meta is None:
       continue  # unreadable: the restore sets it aside and judges the step it takes
     recorded = meta.get("dependence")
-    if (isinstance(recorded, dict)
-        and recorded.get("deterministic") == bool(config.runtime.deterministic)):
-      judge(meta.get("shape"), now, step=step, deterministic=runtime.deterministic,
-            dependence=list(recorded.get("replicas", [])), allowed=allowed,
-            strategy_dependence=list(recorded.get("strategy", [])))
+    if isinstance(recorded, dict) and recorded.get("deterministic") == deterministic:
+      replicas, strategy = recorded.get("replicas"), recorded.get("strategy")
+      if _words_list(replicas) and _words_list(strategy):
+        judge(meta.get("shape"), now, step=step, deterministic=deterministic,
+              dependence=replicas, allowed=allowed, strategy_dependence=strategy)
     return
+
+
+def _words_list(value) -> bool:
+  return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _shape_before_start(runtime) -> dict | None:
   """The shape a single process of a local strategy will have on CPUs (runtime.strategy
   and runtime.num_cpu_devices say it); None where only TensorFlow can tell (a GPU's
   device files are there) or a cluster may be involved (TF_CONFIG, Slurm)."""
-  if runtime.strategy not in ("default", "one_device", "mirrored", "central_storage"):
+  try:
+    strategy, replicas = runtime.strategy, runtime.num_cpu_devices
+  except (AttributeError, KeyError):
+    return None
+  if strategy not in ("default", "one_device", "mirrored", "central_storage"):
     return None
   if os.environ.get("TF_CONFIG") or "SLURM_PROCID" in os.environ:
     return None
   if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"):  # NVIDIA's, ROCm's
     return None
-  replicas = (runtime.num_cpu_devices if runtime.strategy in ("mirrored", "central_storage")
-              else 1)
+  if strategy in ("default", "one_device"):
+    replicas = 1
   if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
     return None
-  return shape(replicas=replicas, workers=1, strategy=runtime.strategy)
+  return shape(replicas=replicas, workers=1, strategy=strategy)
 
 
 def words(recorded: dict) -> str:
