@@ -7,8 +7,7 @@
 For a notebook, a script, or a worker process of a distributed engine (Ray
 Train calls a Python function per worker). Everything the CLI checks is checked
 (the config, the model_dir, the data, a resume's changes), in the same order and
-with the same one-line messages (naming run()'s arguments and the config's fields where the
-CLI names its flags: `in_api_words`), but raised, never `sys.exit`:
+with the CLI's one-line messages (in its own words: in_api_words), raised, never `sys.exit`:
 
     UserError, input_pipelines.DataError  bad input (the CLI's exit 2)
     NonFiniteError, StorageError           the run failed (exit 1)
@@ -41,23 +40,22 @@ from trainer.setup import epochs
 from trainer.setup import module_names
 from trainer.setup import plugins
 from trainer.setup import validation
-from trainer.errors import Preempted, StorageError, UserCodeError, UserError
+from trainer.errors import Preempted, StorageError, UserCodeError, UserError, in_api_words
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export", "predict")
 
 
 def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
         checkpoint_step: int | None = None, handle_signals: bool = False):
-  """Runs `mode` in `model_dir` and returns its result: the summary (train,
-  train_and_eval; a finished run's summary.json with "already_finished": True), {"step", each eval value,
+  """Runs `mode` in `model_dir` and returns its result: the summary (train, train_and_eval;
+  a finished run's summary.json with "already_finished": True), {"step", each eval value,
   "examples"} (eval), the SavedModel's directory (export), the steps evaluated
   (continuous_eval), the predictions' summary (predict: docs/predict.md).
 
-  `config`: a ConfigDict, a built-in config's name or a config file's path.
-  `task`: a trainer.Task (or a Task class, or a function of the config returning
-  one) instead of train.task. `actions`: trainer.Action objects, run besides the
-  config's. Re-running on the same model_dir resumes (in the same process too).
-  """
+  `config`: a ConfigDict, a built-in config's name or a config file's path. `task`: a
+  trainer.Task (or a Task class, or a function of the config returning one) instead of
+  train.task. `actions`: trainer.Action objects, run besides the config's. Re-running on
+  the same model_dir resumes (in the same process too)."""
   if mode not in MODES:
     raise UserError(f"mode={mode!r} is not one of {', '.join(MODES)}")
   config = load_config(config)
@@ -95,43 +93,26 @@ def predict(config, model_dir: str, *, task=None, checkpoint_step: int | None = 
 
 
 def _for_the_caller(error: BaseException) -> BaseException:
-  """`error` as run()'s caller reads it: a bucket model_dir named by its URL, not its
-  staging; a refusal (bad input) in the API's words."""
+  """`error` as run()'s caller reads it: a bucket by its URL; a refusal in the API's words."""
   if error.args and isinstance(error.args[0], str):
-    message = mirror.display(error.args[0])
-    if isinstance(error, (UserError, input_pipelines.DataError)):
-      message = in_api_words(message)
-    error.args = (message, *error.args[1:])
+    words = in_api_words if isinstance(error, (UserError, input_pipelines.DataError)) else str
+    error.args = (words(mirror.display(error.args[0])), *error.args[1:])
   return error
-
-
-def in_api_words(message: str) -> str:
-  """A refusal's message, written once in the CLI's words (its flags), in the Python API's:
-  `--model_dir=...`, `--mode=eval`, `--checkpoint_step=N`, `--config=NAME` are run()'s
-  arguments (`model_dir=...`, `mode='eval'`, ...), `--config.FIELD=VALUE` a config field
-  (`config.train.steps=100`, `config.checkpoint.allow_other_trajectory=True`). The one
-  place the wording differs: the CLI (which calls execute) keeps its flags."""
-  message = re.sub(r"--config\.([\w.{}]+)=(true|false)\b",
-                   lambda match: f"config.{match[1]}={match[2].capitalize()}", message)
-  message = re.sub(r"--mode=(\w+)", r"mode='\1'", message)
-  return re.sub(r"--(?=(?:config|model_dir|mode|checkpoint_step)\b)", "", message)
 
 
 def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = None, *,
             task=None, actions=(), config_source: str = "the config given"):
   """The run, checks first: bad input costs a second and leaves model_dir untouched.
 
-  Flags aside (the CLI's), the order is: a resume on another shape that would change
-  the trajectory, where the JSON on disk decides it (trainer/state/elastic.py: before the
-  plug-ins' imports start TensorFlow), the config's fields and plug-ins, the
-  model_dir's shape, a resume's changes (before TensorFlow starts), the data,
-  the runtime and strategy, the batch sizes against the splits and the memory
-  available, then (training) the writer lock on model_dir, then the Trainer.
-  `config_source` says in words where the config came from (the logs of eval modes).
-  """
+  Flags aside (the CLI's), the order is: a resume on another shape that the JSON on disk
+  refuses (elastic.refuse_before_start), the config's fields and plug-ins, the model_dir's
+  shape, a resume's changes (before TensorFlow starts), the data, the runtime and strategy,
+  the batch sizes against the splits and the memory available, then (training) the writer
+  lock on model_dir, then the Trainer. `config_source` says in words where the config came
+  from (the logs of eval modes)."""
   model_dir = mirror.staged(model_dir, fresh=False)  # gs://, s3://: its local staging
-  if mode in ("train", "train_and_eval"):  # a resume on another shape it would refuse
-    elastic.refuse_before_start(model_dir, config)  # before a plug-in's import starts TensorFlow
+  if mode in ("train", "train_and_eval"):  # before a plug-in's import starts TensorFlow
+    elastic.refuse_before_start(model_dir, config)
   with native_startup_silenced():  # a plug-in module may import TensorFlow
     check_config(config)
   layout.check_layout(model_dir)

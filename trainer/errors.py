@@ -1,8 +1,10 @@
 """The errors that end a run, and the one table of exit codes.
 
 The CLI prints an error's message as one line on stderr (no traceback) and exits
-with its code; the Python API (trainer.run) raises them with the same messages.
+with its code; the Python API (trainer.run) raises them with the same messages, a
+refusal's flags in its own words (`in_api_words`).
 """
+import re
 
 EXIT_OK = 0          # done (re-running a finished job is a quick no-op that says so)
 EXIT_FAILURE = 1     # anything else: a failed run (NonFiniteError, StorageError, a bug)
@@ -152,3 +154,15 @@ def exit_code(error: BaseException) -> int:
   if isinstance(error, (UserError, DataError)):
     return EXIT_BAD_INPUT
   return EXIT_FAILURE
+
+
+def in_api_words(message: str) -> str:
+  """A refusal's message, written once in the CLI's words (its flags), in the Python API's:
+  `--model_dir=...`, `--mode=eval`, `--checkpoint_step=N`, `--config=NAME` are run()'s
+  arguments (`model_dir=...`, `mode='eval'`, ...), `--config.FIELD=VALUE` a config field
+  (`config.train.steps=100`, `config.checkpoint.allow_other_trajectory=True`). The one
+  place the wording differs: the CLI (which calls api.execute, not run) keeps its flags."""
+  message = re.sub(r"--config\.([\w.{}]+)=(true|false)\b",
+                   lambda match: f"config.{match[1]}={match[2].capitalize()}", message)
+  message = re.sub(r"--mode=(\w+)", r"mode='\1'", message)
+  return re.sub(r"--(?=(?:config|model_dir|mode|checkpoint_step)\b)", "", message)

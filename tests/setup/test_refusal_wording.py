@@ -1,7 +1,7 @@
 """A refusal speaks the caller's language: the CLI's names its flags (`--model_dir=...`,
 `--config.checkpoint.allow_other_trajectory=true`), the Python API's its arguments and the
 config's fields (`model_dir=...`, `config.checkpoint.allow_other_trajectory=True`). Each
-message is written once, in the CLI's words; trainer.api.in_api_words is the one place
+message is written once, in the CLI's words; trainer.errors.in_api_words is the one place
 they become the API's."""
 import json
 
@@ -10,8 +10,7 @@ import pytest
 import configs
 import trainer
 from tests.support.cli import run_trainer
-from trainer.api import in_api_words
-from trainer.errors import UserError
+from trainer.errors import UserError, in_api_words
 from trainer.state import elastic
 
 
