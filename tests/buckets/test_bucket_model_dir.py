@@ -372,8 +372,32 @@ def test_a_bucket_run_is_the_disk_run_bit_for_bit(trained, object_store, disk_ru
   """The bucket's step 20 (downloaded, read by plain orbax) = the disk run's. Catches a
   client library drawing from Python's global `random`, which Keras draws its layers'
   default seeds from (google-resumable-media's multipart boundary did: other weights on
-  gs://; buckets._random_of_their_own), and a checkpoint put incompletely."""
+  gs://; runtime.keras_seeds_from), and a checkpoint put incompletely."""
   assert_same_state(_bucket_weights(object_store, trained.url, _STEPS, tmp_path),
+                    read_checkpoint(disk_run, _STEPS), atol=0)
+
+
+@pytest.mark.slow
+def test_retried_faults_change_no_weight(object_store, disk_run, tmp_path, tmp_path_factory):
+  """The first two writes of the lease answered 503 (retried between the seeding and the
+  model's build), one other request in seven answered 503 all run long, and the lease
+  renewed every 0.5 s while the model is built: step 20 is still the disk run's, bit for
+  bit, on both stores (issue 57). Catches a retry's backoff jitter drawn from Python's
+  global `random`, which Keras draws its layers' default seeds from (botocore's
+  ExponentialBackoff bound random.random at import: weights 0.537 away on s3://), and
+  any draw from it in the lease renewal's thread during the build."""
+  url = object_store.new_url("retried")
+  object_store.proxy.fail_one_in(7)
+  # The lease's create: S3 names the object in the path, GCS in the body only.
+  object_store.proxy.fail_next(2, "/retried/.lock" if object_store.scheme == "s3"
+                               else "ifGenerationMatch=0")
+  result = _cli(object_store, url, *_FLAGS, f"--config.train.steps={_STEPS}",
+                "--config.checkpoint.lease_seconds=2", tmp_path_factory=tmp_path_factory)
+  lease_faults_left, faults = object_store.proxy.fail_next_left, object_store.proxy.faults
+  object_store.proxy.passthrough()
+  _ok(result)
+  assert lease_faults_left == 0 and faults > 10, (lease_faults_left, faults)
+  assert_same_state(_bucket_weights(object_store, url, _STEPS, tmp_path),
                     read_checkpoint(disk_run, _STEPS), atol=0)
 
 

@@ -146,6 +146,7 @@ class _ProxyServer:
     self.listener = None
     self.requests = self.faults = self.counted = 0
     self.fail_every, self.fail_status, self.deny_status, self.deny_match = 0, 503, 0, ""
+    self.fail_next, self.fail_next_match = 0, ""  # the next N requests that match
     self.history = []
     self._serve(listener)
 
@@ -186,6 +187,9 @@ class _ProxyServer:
       status = 0
       if self.deny_status and self.deny_match in target:
         status = self.deny_status
+      elif self.fail_next and self.fail_next_match in target:
+        self.fail_next -= 1
+        status = self.fail_status
       elif self.fail_every:
         self.counted += 1
         if self.counted % self.fail_every == 0:
@@ -212,7 +216,8 @@ class _ProxyServer:
   def order(self, order: dict) -> dict:
     """Applies an order from the test process; answers the counters."""
     with self.lock:
-      for key in ("fail_every", "fail_status", "deny_status", "deny_match"):
+      for key in ("fail_every", "fail_status", "deny_status", "deny_match", "fail_next",
+                  "fail_next_match"):
         if key in order:
           setattr(self, key, order[key])
       if "fail_every" in order:
@@ -231,7 +236,8 @@ class _ProxyServer:
     elif order.get("down") is False and self.listener is None:
       self._serve(_listen(self.port))
     with self.lock:
-      answer = {"requests": self.requests, "faults": self.faults}
+      answer = {"requests": self.requests, "faults": self.faults,
+                "fail_next_left": self.fail_next}
       if order.get("history"):
         answer["history"] = list(self.history)
       return answer
@@ -309,11 +315,13 @@ def _supervise(scheme: str, workdir: str):
   emulator, port = _start_emulator(scheme, f"http://{_HOST}:{listener.getsockname()[1]}", workdir)
   try:
     proxy = _ProxyServer(scheme, port, listener)
-    print(json.dumps({"proxy": proxy.port, "emulator": port, "pids": [os.getpid(), emulator.pid]}),
-          flush=True)
+    side = _ProxyServer(scheme, port, _listen())  # a second way in, its faults its own
+    print(json.dumps({"proxy": proxy.port, "side": side.port, "emulator": port,
+                      "pids": [os.getpid(), emulator.pid]}), flush=True)
     for line in sys.stdin:
       try:
-        answer = proxy.order(json.loads(line))
+        order = json.loads(line)
+        answer = (side if order.pop("side", False) else proxy).order(order)
       except Exception as error:  # pylint: disable=broad-except
         answer = {"error": f"{type(error).__name__}: {error}"}
       print(json.dumps(answer), flush=True)
@@ -327,8 +335,11 @@ def _supervise(scheme: str, workdir: str):
 class Proxy:
   """The fault injector in front of a store's emulator (orders go to the supervisor)."""
 
-  def __init__(self, process: subprocess.Popen, log: str):
-    self._process, self._log, self._lock = process, log, threading.Lock()
+  def __init__(self, process: subprocess.Popen, log: str, *, side=None):
+    """`side`: the main Proxy, for the side one (its orders share the supervisor's stdin)."""
+    self._process, self._log = process, log
+    self._lock = side._lock if side else threading.Lock()
+    self._side = side is not None
 
   def _read(self) -> dict:
     line = self._process.stdout.readline()
@@ -342,7 +353,7 @@ class Proxy:
 
   def _order(self, **order) -> dict:
     with self._lock:
-      self._process.stdin.write(json.dumps(order) + "\n")
+      self._process.stdin.write(json.dumps({**order, "side": self._side}) + "\n")
       self._process.stdin.flush()
       return self._read()
 
@@ -357,6 +368,11 @@ class Proxy:
     return self._order()["faults"]
 
   @property
+  def fail_next_left(self) -> int:
+    """How many of fail_next's faults are still to come."""
+    return self._order()["fail_next_left"]
+
+  @property
   def history(self) -> list[str]:
     """The last 1000 requests, "METHOD path status"."""
     return self._order(history=True)["history"]
@@ -364,6 +380,11 @@ class Proxy:
   def fail_one_in(self, n: int, status: int = 503):
     """Answers every n-th request from now on with `status`, without forwarding it (0: off)."""
     self._order(fail_every=n, fail_status=status)
+
+  def fail_next(self, n: int, match: str = "", status: int = 503):
+    """Answers the next `n` requests whose "METHOD unquoted path?query" contains `match`
+    with `status` (fail_one_in's status, for the other requests, is the same)."""
+    self._order(fail_next=n, fail_next_match=match, fail_status=status)
 
   def deny(self, status: int = 403, match: str = ""):
     """Answers every request whose "METHOD unquoted path?query" contains `match` with `status`
@@ -376,7 +397,8 @@ class Proxy:
 
   def passthrough(self):
     """Forwards everything again: up, no faults, no refusals."""
-    self._order(down=False, fail_every=0, deny_status=0, deny_match="")
+    self._order(down=False, fail_every=0, deny_status=0, deny_match="", fail_next=0,
+                fail_next_match="")
 
 
 class Store:
@@ -395,13 +417,21 @@ class Store:
     self.endpoint = f"http://{_HOST}:{ports['proxy']}"
     self._direct = f"http://{_HOST}:{ports['emulator']}"
     self.pids = ports["pids"]  # the supervisor's and the emulator's
-    if scheme == "gs":
-      self.env = {"STORAGE_EMULATOR_HOST": self.endpoint, "GOOGLE_CLOUD_PROJECT": "test"}
-    else:
-      self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "test",
-                  "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    self.env = self._env(self.endpoint)
+    # A second proxy with faults of its own: a trainer cut off (`side_proxy.deny(503)`)
+    # while another, through `proxy`, goes on. fake-gcs-server's download links name
+    # `proxy` whichever way the metadata was asked: only requests without one (uploads,
+    # lists, metadata, deletes) take the side way.
+    self.side_proxy = Proxy(self._process, log, side=self.proxy)
+    self.side_env = self._env(f"http://{_HOST}:{ports['side']}")
     self._buckets = itertools.count(1)
     self._helper = self.client(direct=True)
+
+  def _env(self, endpoint: str) -> dict:
+    if self.scheme == "gs":
+      return {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test"}
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 
   def client(self, direct: bool = False, **options):
     """A google.cloud.storage.Client or boto3 S3 client through the proxy (or, direct=True,
@@ -542,9 +572,11 @@ def s3_session_emulator(tmp_path_factory) -> Store:
 
 
 def _fresh(store: Store):
-  store.proxy.passthrough()
+  for proxy in (store.proxy, store.side_proxy):
+    proxy.passthrough()
   yield store
-  store.proxy.passthrough()
+  for proxy in (store.proxy, store.side_proxy):
+    proxy.passthrough()
 
 
 @pytest.fixture

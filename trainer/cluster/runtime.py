@@ -5,7 +5,9 @@ can only be declared before the runtime starts); `create_strategy()` right after
 then `seed()`. A later run in the same process gets the same runtime and strategy,
 or a one-line refusal (trainer/cluster/process_runtime.py).
 """
+import contextlib
 import os
+import random
 
 from absl import logging
 import keras
@@ -86,6 +88,30 @@ def seed(runtime_config: ml_collections.ConfigDict) -> None:
   """Seeds Python, numpy and TensorFlow. After `create_strategy()`: seeding starts
   the TensorFlow runtime, and multi-worker collectives must be set up before it."""
   keras.utils.set_random_seed(runtime_config.seed)
+
+
+@contextlib.contextmanager
+def keras_seeds_from(seed: int):
+  """Around the model's build. Keras draws each layer's and initializer's default seed
+  from Python's global `random` (keras.src.random.seed_generator.make_default_seed),
+  which any library may draw from too, in any thread, between `seed()` and the build: a
+  bucket client's retry jitter or upload boundary, the lease renewal's thread. Those
+  draws changed a deterministic run's weights. Inside the block Keras draws from a
+  generator of its own seeded from the config: the sequence the global one gives right
+  after `seed()`, whatever else drew since; after it, the global generator goes on from
+  where Keras left that sequence, as it would have undisturbed."""
+  from keras.src.random import seed_generator  # pylint: disable=g-import-not-at-top
+  drawn_from = getattr(seed_generator, "python_random", None)
+  if drawn_from is None:  # a Keras that seeds otherwise (tests/buckets would show it)
+    yield
+    return
+  own = random.Random(seed)
+  seed_generator.python_random = own
+  try:
+    yield
+  finally:
+    seed_generator.python_random = drawn_from
+    random.setstate(own.getstate())
 
 
 class TrainingClusterResolver(tf.distribute.cluster_resolver.TFConfigClusterResolver):

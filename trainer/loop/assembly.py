@@ -70,8 +70,11 @@ def assemble(config, strategy: tf.distribute.Strategy, coordinator, task: Task, 
   `coordinator`: parameter_server's (this process schedules steps on the workers), else
   None; `preprocessed`: a per-example data.preprocess runs in tf.data."""
   # Optimizer slots of a sharded variable are sharded like it (trainer/cluster/sharding.py).
+  # Keras's default seeds from the config alone (runtime.keras_seeds_from: a bucket
+  # client's retries draw from Python's global `random` meanwhile).
   with (strategy.scope(), sharding.slots_follow_shards(),
-        steps.one_copy_takes_the_first_replicas(strategy)):
+        steps.one_copy_takes_the_first_replicas(strategy),
+        runtime.keras_seeds_from(config.runtime.seed)):
     context = tasks.BuildContext(config, features_spec, labels_spec, probe, strategy,
                                  load_weights=load_model_weights)
     context.sources = splits

@@ -11,16 +11,24 @@ one, never half), and a write can carry a precondition (GCS `ifGenerationMatch`,
 
 Configuration is the client libraries' own, nothing of distloop's: application-default
 credentials and `STORAGE_EMULATOR_HOST` (GCS), the AWS credential chain and
-`AWS_ENDPOINT_URL` (S3). Transient faults (HTTP 429 and 5xx, a reset connection) are
-retried with backoff by the libraries' own retry policies; what is left is a
-`BucketError`: one line naming the bucket, the object and the reason, never a
-credential.
+`AWS_ENDPOINT_URL` (S3).
+
+Retries are distloop's, the same on both stores (the libraries' own are off): a
+transient fault (HTTP 408, 429, 5xx, a refused or reset connection, a timeout) is
+retried with backoff until `retry_seconds()` have passed since the request's first try,
+and a lease holder's write no later than its lease could be taken over (`writer`): a
+holder cut off for longer writes nothing once another trainer may hold model_dir. The
+backoff's jitter comes from a generator of this module's own: a retry draws nothing
+from Python's global `random`. What is left is a `BucketError`: one line naming the
+bucket, the object and the reason, never a credential.
 """
 import datetime
-import importlib
+import math
 import os
 import random
 import re
+import threading
+import time
 
 from trainer.errors import StorageError, UserError
 
@@ -28,12 +36,17 @@ SCHEMES = ("gs", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)/?(.*)$")
 _EXTRA = {"gs": "gcs", "s3": "s3"}
 _LIBRARY = {"gs": "google-cloud-storage", "s3": "boto3"}
-# How long a transient fault is retried before the run stops (GCS), and how many times a
-# request is retried after its first try (S3, botocore's standard retries: about two
-# minutes of backoff). The environment variables are for tests only (a store down past
-# the retries in seconds).
-_RETRY_SECONDS = float(os.environ.get("DISTLOOP_BUCKET_RETRY_SECONDS", "120"))
-_RETRIES = int(os.environ.get("DISTLOOP_BUCKET_RETRIES", "12"))
+_ATTEMPT_SECONDS = 60.0  # one try's longest wait for an answer (a request that hangs)
+_CONNECT_SECONDS = 10.0
+_FIRST_BACKOFF, _LONGEST_BACKOFF = 0.1, 5.0  # seconds, doubling: a store back is seen in 5 s
+_JITTER = random.Random()  # never the global generator, which Keras seeds from (runtime.seed)
+
+
+def retry_seconds() -> float:
+  """How long a transient fault is retried before the request fails: 120 s (an outage
+  that long is ridden out). DISTLOOP_BUCKET_RETRY_SECONDS is for tests (a store down
+  past the retries in seconds)."""
+  return float(os.environ.get("DISTLOOP_BUCKET_RETRY_SECONDS", "120"))
 
 
 class BucketError(StorageError):
@@ -73,31 +86,9 @@ def open_bucket(url: str, what: str = "--model_dir") -> "Bucket":
   except ImportError:
     raise UserError(f"{what}={url}: {_LIBRARY[scheme]} is not installed: pip install "
                     f"'distloop[{_EXTRA[scheme]}]'") from None
-  _random_of_their_own()
+  except ValueError as e:  # google-cloud-storage checks the bucket's name
+    raise UserError(f"{what}={url}: invalid bucket name {bucket!r}: {_first_line(e)}") from None
   return made
-
-
-# The client libraries' modules that draw from Python's global `random` (a multipart
-# upload's boundary, retry jitter, a download's temporary name).
-_DRAWING = ("google.cloud.storage._media._upload", "google.api_core.retry.retry_base",
-            "google.auth._exponential_backoff", "google.resumable_media._upload",
-            "google.resumable_media._helpers", "botocore.retries.standard",
-            "botocore.retryhandler", "botocore.utils", "s3transfer", "s3transfer.utils")
-
-
-def _random_of_their_own() -> None:
-  """Keras draws the default seed of each layer's SeedGenerator from Python's global
-  `random`, which distloop seeds: a client library drawing from it too (the lease taken
-  before the model is built uploads) trained other weights on a bucket than on a disk.
-  Each of those modules gets a `random.Random` of its own."""
-  own = random.Random()
-  for name in _DRAWING:
-    try:
-      module = importlib.import_module(name)
-    except ImportError:
-      continue
-    if getattr(module, "random", None) is random:
-      module.random = own
 
 
 class Bucket:
@@ -106,6 +97,56 @@ class Bucket:
 
   def __init__(self, name: str):
     self.name = name
+    # The writer lease held on this bucket (trainer/state/lease.py), if any: its
+    # `deadline()` (time.monotonic) bounds each write's tries, its `check()` raises past it.
+    self.writer = None
+
+  def _retried(self, doing: str, key: str, attempt, *, write: bool):
+    """attempt(seconds it may wait for an answer), tried again on a transient fault (the
+    store's `_transient`) with backoff, until retry_seconds() have passed, or, for a write
+    of a lease holder, until its lease could be taken over: StorageError then, naming the
+    lease. Other errors go to the caller as they are."""
+    give_up = time.monotonic() + retry_seconds()
+    backoff = _FIRST_BACKOFF
+    while True:
+      seconds, end = _ATTEMPT_SECONDS, give_up
+      writer = self.writer if write else None
+      if writer is not None:
+        lease_end = writer.deadline()
+        if time.monotonic() >= lease_end:
+          writer.check()  # raises: the lease may be another's now
+        seconds = min(seconds, lease_end - time.monotonic())
+        end = min(end, lease_end)
+      try:
+        return attempt(max(seconds, 0.01))
+      except Exception as e:  # pylint: disable=broad-except  (the store's own types)
+        if not self._transient(self._cause(e)):
+          raise
+        error = self._cause(e)
+      now = time.monotonic()
+      if now >= give_up:
+        raise self._gave_up(error, key, doing)
+      if now < end:
+        time.sleep(min(_JITTER.uniform(backoff / 2, backoff), end - now))
+      backoff = min(backoff * 2, _LONGEST_BACKOFF)
+
+  def _transient(self, error: Exception) -> bool:
+    raise NotImplementedError
+
+  def _cause(self, error: Exception) -> Exception:
+    """The library's error inside a wrapper of its own (boto3's transfers wrap theirs)."""
+    return error
+
+  def _gave_up(self, error: Exception, key: str, doing: str) -> "BucketError":
+    """The line for a transient fault that outlasted retry_seconds()."""
+    unreachable = _unreachable(error)
+    reason = unreachable or self._short(error)
+    return BucketError(f"cannot {doing} {self.url(key)}: "
+                       f"{'no answer' if unreachable else 'still failing'} after "
+                       f"{retry_seconds():g} s of retries ({reason})", permanent=False)
+
+  def _short(self, error: Exception) -> str:
+    return _first_line(error)
 
   def url(self, key: str = "") -> str:
     return f"{self.scheme}://{self.name}/{key}" if key else f"{self.scheme}://{self.name}"
@@ -164,9 +205,7 @@ class _GcsBucket(Bucket):
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
     from google.cloud.storage import retry  # pylint: disable=g-import-not-at-top
     self._exceptions = exceptions
-    # Every write of ours is idempotent (a whole object, or guarded by a precondition),
-    # so every one may be retried.
-    self._retry = retry.DEFAULT_RETRY.with_timeout(_RETRY_SECONDS)
+    self._should_retry = retry._should_retry  # pylint: disable=protected-access  (the library's own list)
     project = os.environ.get("GOOGLE_CLOUD_PROJECT") or None
     try:
       self._client = storage.Client(project=project)
@@ -176,37 +215,44 @@ class _GcsBucket(Bucket):
                       f"GOOGLE_APPLICATION_CREDENTIALS") from None
     self._bucket = self._client.bucket(name)
 
+  def _transient(self, error):
+    return self._should_retry(error)
+
+  def _short(self, error):
+    code = getattr(error, "code", None)
+    return f"{code} {type(error).__name__}" if code else _first_line(error)
+
   def _failure(self, error: Exception, key: str, doing: str) -> BucketError:
     code = getattr(error, "code", None)
     reasons = {404: "no such bucket", 403: "access denied (403)", 401: "not authenticated (401)"}
     permanent = code in (400, 401, 403, 404)
     reason = reasons.get(code) or _first_line(error)
-    if isinstance(error, self._exceptions.RetryError):  # the retries' time is up
-      unreachable = _unreachable(error.cause)
-      reason = (f"{'no answer' if unreachable else 'still failing'} after {_RETRY_SECONDS:g} "
-                f"s of retries ({unreachable or _first_line(error.cause or error)})")
     if code == 404 and key:  # an object's 404 is handled by the callers: a bucket's here
       reason = "no such bucket"
     return BucketError(f"cannot {doing} {self.url(key)}: {reason}", permanent=permanent)
 
-  def _call(self, doing: str, key: str, function, *args, **kwargs):
+  def _call(self, doing: str, key: str, function, *args, write: bool = False, **kwargs):
+    """function(*args, **kwargs) with distloop's retries (the library's off) and a
+    timeout per try."""
+    def attempt(seconds):
+      return function(*args, retry=None, timeout=(min(_CONNECT_SECONDS, seconds), seconds),
+                      **kwargs)
     try:
-      return function(*args, **kwargs)
-    except self._exceptions.PreconditionFailed:
-      raise
-    except self._exceptions.NotFound:
+      return self._retried(doing, key, attempt, write=write)
+    except (self._exceptions.PreconditionFailed, self._exceptions.NotFound, BucketError,
+            StorageError):
       raise
     except Exception as e:  # pylint: disable=broad-except  (HTTP, transport, auth)
       raise self._failure(e, key, doing) from None
 
   def read_versioned(self, key):
     while True:  # the metadata, then the bytes of that generation (a download alone has none)
-      blob = self._call("read", key, self._bucket.get_blob, key, retry=self._retry)
+      blob = self._call("read", key, self._bucket.get_blob, key)
       if blob is None:
         self._bucket_must_exist(key)
         return None
       try:
-        data = self._call("read", key, blob.download_as_bytes, retry=self._retry,
+        data = self._call("read", key, blob.download_as_bytes,
                           if_generation_match=blob.generation)
       except (self._exceptions.NotFound, self._exceptions.PreconditionFailed):
         continue  # replaced or deleted in between
@@ -215,7 +261,7 @@ class _GcsBucket(Bucket):
   def _bucket_must_exist(self, key: str) -> None:
     """An object's 404 means no object, unless the bucket itself is missing."""
     try:
-      self._call("read", key, self._client.get_bucket, self.name, retry=self._retry)
+      self._call("read", key, self._client.get_bucket, self.name)
     except self._exceptions.NotFound:
       raise BucketError(f"cannot read {self.url(key)}: no such bucket", permanent=True) from None
 
@@ -225,9 +271,11 @@ class _GcsBucket(Bucket):
   def _upload(self, key: str, data: bytes, generation: int | None) -> str:
     blob = self._bucket.blob(key)
     try:
-      self._call("write", key, blob.upload_from_string, data, retry=self._retry,
+      self._call("write", key, blob.upload_from_string, data, write=True,
                  if_generation_match=generation)
     except self._exceptions.NotFound:
+      if generation:  # the object to replace is gone
+        raise self._exceptions.PreconditionFailed("deleted") from None
       raise BucketError(f"cannot write {self.url(key)}: no such bucket", permanent=True) from None
     return str(blob.generation)
 
@@ -245,31 +293,30 @@ class _GcsBucket(Bucket):
 
   def delete(self, key, version=None):
     try:
-      self._call("delete", key, self._bucket.blob(key).delete, retry=self._retry,
+      self._call("delete", key, self._bucket.blob(key).delete, write=True,
                  if_generation_match=int(version) if version else None)
     except (self._exceptions.NotFound, self._exceptions.PreconditionFailed):
       pass
 
   def list(self, prefix, limit=None):
+    def names(**options):
+      return [blob.name for blob in self._client.list_blobs(
+          self.name, prefix=prefix, max_results=limit, **options)]
     try:
-      return self._call("list", prefix, lambda: [
-          blob.name for blob in self._client.list_blobs(
-              self.name, prefix=prefix, max_results=limit, retry=self._retry)])
+      return self._call("list", prefix, names)
     except self._exceptions.NotFound:
       raise BucketError(f"cannot list {self.url(prefix)}: no such bucket",
                         permanent=True) from None
 
   def upload(self, key, path):
     try:
-      self._call("write", key, self._bucket.blob(key).upload_from_filename, path,
-                 retry=self._retry)
+      self._call("write", key, self._bucket.blob(key).upload_from_filename, path, write=True)
     except self._exceptions.NotFound:
       raise BucketError(f"cannot write {self.url(key)}: no such bucket", permanent=True) from None
 
   def download(self, key, path):
     try:
-      self._call("read", key, self._bucket.blob(key).download_to_filename, path,
-                 retry=self._retry)
+      self._call("read", key, self._bucket.blob(key).download_to_filename, path)
     except self._exceptions.NotFound:
       raise BucketError(f"cannot read {self.url(key)}: it is gone (deleted meanwhile?)",
                         permanent=True) from None
@@ -287,22 +334,66 @@ class _S3Bucket(Bucket):
     self._errors = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
     self._client_error = botocore.exceptions.ClientError
     self._no_credentials = botocore.exceptions.NoCredentialsError
+    self._invalid = botocore.exceptions.ParamValidationError
     self._connection_errors = (botocore.exceptions.ConnectionError,
-                               botocore.exceptions.HTTPClientError)
-    # botocore's standard retries: 429, 5xx and connection errors, with backoff.
-    self._client = boto3.client("s3", config=config.Config(
-        retries={"mode": "standard", "max_attempts": _RETRIES}, connect_timeout=10,
-        read_timeout=60))
-    self._transfer = transfer.TransferConfig(use_threads=False)
+                               botocore.exceptions.HTTPClientError,
+                               botocore.exceptions.IncompleteReadError,
+                               botocore.exceptions.ResponseStreamingError)
+    self._session, self._config = boto3.session.Session(), config.Config
+    self._clients: dict[int, object] = {}
+    # As boto3 reads it, once: every client of this bucket talks to one endpoint.
+    self._endpoint_url = (os.environ.get("AWS_ENDPOINT_URL_S3")
+                          or os.environ.get("AWS_ENDPOINT_URL") or None)
+    self._clients_lock = threading.Lock()  # a boto3 session makes one client at a time
+    self._client_for(_ATTEMPT_SECONDS)  # made now: a client that cannot be made fails at start
+    # One try per request (distloop retries); the whole object again on a retry.
+    self._transfer = transfer.TransferConfig(use_threads=False, num_download_attempts=1)
+
+  def _client_for(self, seconds: float):
+    """A client whose tries wait up to `seconds` (whole seconds, at least 1) for an
+    answer, and that retries nothing itself."""
+    whole = max(1, math.ceil(min(seconds, _ATTEMPT_SECONDS)))
+    with self._clients_lock:
+      if whole not in self._clients:
+        self._clients[whole] = self._session.client(
+            "s3", endpoint_url=self._endpoint_url,
+            config=self._config(retries={"mode": "standard", "total_max_attempts": 1},
+                                connect_timeout=min(_CONNECT_SECONDS, whole),
+                                read_timeout=whole))
+      return self._clients[whole]
+
+  def _cause(self, error):
+    if isinstance(error, self._errors):
+      return error
+    return error.__cause__ or error.__context__ or error
+
+  def _status(self, error) -> tuple[str, int | None]:
+    response = getattr(error, "response", None) or {}
+    return (response.get("Error", {}).get("Code", ""),
+            response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+  def _transient(self, error):
+    if isinstance(error, self._connection_errors):
+      return True
+    code, status = self._status(error)
+    return (status in (408, 429) or (isinstance(status, int) and status >= 500)
+            or code in ("SlowDown", "Throttling", "RequestTimeout", "InternalError",
+                        "ServiceUnavailable"))
+
+  def _short(self, error):
+    code, status = self._status(error)
+    return f"{status} {code}".strip() if code or status else _first_line(error)
 
   def _failure(self, error: Exception, key: str, doing: str) -> BucketError:
     if isinstance(error, self._no_credentials):
       return BucketError(f"cannot {doing} {self.url(key)}: no AWS credentials found (the "
                          f"AWS credential chain: AWS_ACCESS_KEY_ID, ~/.aws, an instance role)",
                          permanent=True)
-    response = getattr(error, "response", None) or {}
-    code = response.get("Error", {}).get("Code", "")
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if isinstance(error, self._invalid):  # botocore's reason is on the lines after the first
+      reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+      reason = re.sub(r":? Bucket name must match .*", "", reason)  # its regex, not a reason
+      return BucketError(f"cannot {doing} {self.url(key)}: {reason[:300]}", permanent=True)
+    code, status = self._status(error)
     if code == "NoSuchBucket":
       return BucketError(f"cannot {doing} {self.url(key)}: no such bucket", permanent=True)
     if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId",
@@ -310,46 +401,53 @@ class _S3Bucket(Bucket):
       return BucketError(f"cannot {doing} {self.url(key)}: access denied ({code or status})",
                          permanent=True)
     permanent = isinstance(status, int) and 400 <= status < 500 and status != 429
-    reason = code or _first_line(error)
-    unreachable = (_unreachable(error) or "could not connect"
-                   if isinstance(error, self._connection_errors) else None)
-    if unreachable or status == 429 or (isinstance(status, int) and status >= 500):
-      reason = (f"{'no answer' if unreachable else 'still failing'} after {_RETRIES} "  # spent
-                f"retr{'y' if _RETRIES == 1 else 'ies'} ({unreachable or reason})")
-    return BucketError(f"cannot {doing} {self.url(key)}: {reason}", permanent=permanent)
+    return BucketError(f"cannot {doing} {self.url(key)}: {code or _first_line(error)}",
+                       permanent=permanent)
 
   def _code(self, error) -> str:
-    return (getattr(error, "response", None) or {}).get("Error", {}).get("Code", "")
+    return self._status(error)[0]
 
-  def _call(self, doing: str, key: str, function, **kwargs):
+  def _call(self, doing: str, key: str, function, *, write: bool = False):
+    """function(a client) with distloop's retries (the client's off) and a timeout per
+    try."""
     try:
-      return function(**kwargs)
-    except self._errors as e:
-      if self._code(e) in ("PreconditionFailed", "NoSuchKey", "404", "ConditionalRequestConflict"):
-        raise
-      raise self._failure(e, key, doing) from None
+      return self._retried(doing, key, lambda seconds: function(self._client_for(seconds)),
+                           write=write)
+    except (BucketError, StorageError):
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (botocore; boto3.s3.transfer wraps it)
+      cause = self._cause(e)
+      if self._code(cause) in ("PreconditionFailed", "NoSuchKey", "404",
+                               "ConditionalRequestConflict"):
+        raise cause from None
+      raise self._failure(cause, key, doing) from None
 
   def read_versioned(self, key):
+    def get(client):
+      response = client.get_object(Bucket=self.name, Key=key)
+      return response, response["Body"].read()  # in the try: a body cut short is retried
     try:
-      response = self._call("read", key, self._client.get_object, Bucket=self.name, Key=key)
+      response, data = self._call("read", key, get)
     except self._client_error as e:
       if self._code(e) in ("NoSuchKey", "404"):
         return None
       raise
-    data = response["Body"].read()
     modified = response["LastModified"]
     return data, response["ETag"], (modified.timestamp()
                                     if isinstance(modified, datetime.datetime) else 0.0)
 
   def write(self, key, data):
-    self._call("write", key, self._client.put_object, Bucket=self.name, Key=key, Body=data)
+    self._call("write", key, lambda client: client.put_object(
+        Bucket=self.name, Key=key, Body=data), write=True)
 
   def _put_if(self, key: str, data: bytes, **condition) -> str | None:
     try:
-      response = self._call("write", key, self._client.put_object, Bucket=self.name, Key=key,
-                            Body=data, **condition)
+      response = self._call("write", key, lambda client: client.put_object(
+          Bucket=self.name, Key=key, Body=data, **condition), write=True)
     except self._client_error as e:
-      if self._code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+      # NoSuchKey: If-Match on an object deleted meanwhile (it is at no version)
+      if self._code(e) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey",
+                           "404"):
         return None
       raise
     return response["ETag"]
@@ -363,8 +461,8 @@ class _S3Bucket(Bucket):
   def delete(self, key, version=None):
     condition = {"IfMatch": version} if version else {}
     try:
-      self._call("delete", key, self._client.delete_object, Bucket=self.name, Key=key,
-                 **condition)
+      self._call("delete", key, lambda client: client.delete_object(
+          Bucket=self.name, Key=key, **condition), write=True)
     except self._client_error:
       pass  # gone, or no longer ours
 
@@ -376,26 +474,22 @@ class _S3Bucket(Bucket):
         arguments["MaxKeys"] = limit
       if token:
         arguments["ContinuationToken"] = token
-      response = self._call("list", prefix, self._client.list_objects_v2, **arguments)
+      response = self._call("list", prefix,
+                            lambda client, arguments=arguments: client.list_objects_v2(**arguments))
       keys += [entry["Key"] for entry in response.get("Contents", [])]
       token = response.get("NextContinuationToken")
       if not token or (limit and len(keys) >= limit):
         return keys
 
   def upload(self, key, path):
-    try:
-      self._client.upload_file(path, self.name, key, Config=self._transfer)
-    except self._errors as e:
-      raise self._failure(e, key, "write") from None
-    except Exception as e:  # pylint: disable=broad-except  (boto3.s3.transfer wraps them)
-      cause = e.__cause__ or e.__context__
-      raise self._failure(cause if isinstance(cause, self._errors) else e, key,
-                          "write") from None
+    self._call("write", key, lambda client: client.upload_file(
+        path, self.name, key, Config=self._transfer), write=True)
 
   def download(self, key, path):
     try:
-      self._client.download_file(self.name, key, path, Config=self._transfer)
-    except self._errors as e:
+      self._call("read", key, lambda client: client.download_file(
+          self.name, key, path, Config=self._transfer))
+    except self._client_error as e:  # 404: gone meanwhile
       raise self._failure(e, key, "read") from None
 
 

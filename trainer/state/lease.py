@@ -15,6 +15,12 @@ compare-and-swap, and said in one line. Two takeovers racing swap the same versi
 one wins, the other then sees a live holder and exits 2. A holder checks its lease
 before each checkpoint commit (trainer/state/mirror.py): one whose lease was taken
 over, or that could not renew it for lease_seconds, stops writing (exit 1).
+
+The holder's lease could be taken over from its `deadline()` on: the moment it sent its
+last successful renewal, plus lease_seconds (the store saw the renewal after it was sent,
+so a taker's count starts later). Each of the holder's writes is tried no later than that
+(buckets.Bucket.writer): a holder cut off mid-write, whose store comes back after another
+trainer took over, writes nothing more.
 """
 import json
 import os
@@ -29,13 +35,15 @@ from trainer.errors import StorageError, UserError
 from trainer.state import buckets
 
 LOCK_NAME = ".lock"
+_STAMP_SECONDS = 1.0  # the coarsest store clock's step (S3's Last-Modified)
 
 
 class BucketLease:
   """Held from `acquire()` to `release()`; `created_model_dir`: the bucket held nothing
   under model_dir before (a refused run then leaves nothing)."""
 
-  def __init__(self, mirror, version: str, record: dict, lease_seconds: float):
+  def __init__(self, mirror, version: str, record: dict, lease_seconds: float,
+               renewed: float):
     self.mirror = mirror
     self.key = mirror.key(os.path.join(mirror.local, LOCK_NAME))
     self.path = mirror.bucket.url(self.key)
@@ -43,13 +51,14 @@ class BucketLease:
     self._version = version
     self._record = record
     self._seconds = lease_seconds
-    self._renewed = time.monotonic()
+    self._renewed = renewed  # time.monotonic() when the write that holds it was sent
     self._lost: str | None = None
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew_until_released, daemon=True,
                                     name="distloop: writer lease")
-    self._thread.start()
     mirror.lease = self
+    mirror.bucket.writer = self
+    self._thread.start()
 
   @classmethod
   def acquire(cls, mirror, lease_seconds: float, *, clock=time.time,
@@ -65,10 +74,11 @@ class BucketLease:
     watched = None  # (version, when this process first saw it)
     said_waiting = False
     while True:
+      sent = time.monotonic()
       version = mirror.bucket.create(key, data)
       if version is not None or _ours(mirror.bucket, key, token):
         return cls._held(mirror, version or mirror.bucket.read_versioned(key)[1], record,
-                         lease_seconds, restage=watched is not None)
+                         lease_seconds, sent, restage=watched is not None)
       found = mirror.bucket.read_versioned(key)
       if found is None:
         continue  # released meanwhile: create it again
@@ -82,14 +92,18 @@ class BucketLease:
                         f"another --model_dir")
       if watched is None:
         watched = (version, time.monotonic())
-      idle = max(clock() - modified, time.monotonic() - watched[1])
+      # By the store's clock less a second (S3's Last-Modified counts whole seconds: the
+      # renewal may be up to 1 s younger), or by this process's watch: never before the
+      # holder's deadline (its renewal was sent before the store stamped it).
+      idle = max(clock() - modified - _STAMP_SECONDS, time.monotonic() - watched[1])
       if idle >= seconds:
+        sent = time.monotonic()
         taken = mirror.bucket.replace(key, data, version)
         if taken is not None:
           logging.warning("Took over the writer lease %s of %s: not renewed for %.0f s "
                           "(checkpoint.lease_seconds=%g), the holder is gone", url,
                           _describe(holder), idle, seconds)
-          return cls._held(mirror, taken, record, lease_seconds, restage=True)
+          return cls._held(mirror, taken, record, lease_seconds, sent, restage=True)
         watched = (None, time.monotonic())  # another took it first: watch the new holder
         continue
       if not said_waiting:
@@ -100,7 +114,7 @@ class BucketLease:
       sleep(min(max(seconds / 8, 0.2), seconds - idle))
 
   @classmethod
-  def _held(cls, mirror, version: str, record: dict, lease_seconds: float, *,
+  def _held(cls, mirror, version: str, record: dict, lease_seconds: float, sent: float, *,
             restage: bool) -> "BucketLease":
     """The lease just taken. `restage`: another trainer held it since this run staged the
     bucket (it released it, or died), so what it committed meanwhile is staged now: from
@@ -115,30 +129,55 @@ class BucketLease:
         except buckets.BucketError:
           pass  # it expires
         raise
-    return cls(mirror, version, record, lease_seconds)
+    return cls(mirror, version, record, lease_seconds, sent)
 
   def _renew_until_released(self) -> None:
     interval = max(self._seconds / 4, 0.1)
     while not self._stop.wait(interval):
-      record = {**self._record, "renewed": time.strftime("%Y-%m-%d %H:%M:%S %z")}
       try:
-        version = self.mirror.bucket.replace(self.key, json.dumps(record).encode(),
-                                             self._version)
-      except buckets.BucketError as e:
-        logging.warning("could not renew the writer lease %s (%s): trying again", self.path, e)
-        continue
-      if version is None and not _ours(self.mirror.bucket, self.key, self._record["token"]):
-        found = self.mirror.bucket.read_versioned(self.key)
-        holder = _describe(_parse(found[0])) if found else "nobody: it was deleted"
-        self._lost = f"another trainer took it over ({holder})"
+        if not self._renew():
+          return
+      except StorageError as e:  # past the deadline (check() said why), or a store's refusal
+        if self._lost is None:
+          self._lost = f"it could not be renewed ({e})"
         logging.error("lost the writer lease %s: %s", self.path, self._lost)
         return
-      self._version = version or self.mirror.bucket.read_versioned(self.key)[1]
-      self._renewed = time.monotonic()
+      except Exception as e:  # pylint: disable=broad-except  (no traceback from a thread)
+        self._lost = f"its renewal failed ({type(e).__name__}: {e})"
+        logging.error("lost the writer lease %s: %s", self.path, self._lost)
+        return
+
+  def _renew(self) -> bool:
+    """One renewal: False once the lease is found another's, or deleted."""
+    record = {**self._record, "renewed": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    sent = time.monotonic()
+    try:
+      version = self.mirror.bucket.replace(self.key, json.dumps(record).encode(),
+                                           self._version)
+    except buckets.BucketError as e:
+      if e.permanent:
+        raise
+      logging.warning("could not renew the writer lease %s (%s): trying again", self.path, e)
+      return True
+    if version is None and not _ours(self.mirror.bucket, self.key, self._record["token"]):
+      found = self.mirror.bucket.read_versioned(self.key)
+      self._lost = (f"another trainer took it over ({_describe(_parse(found[0]))})" if found
+                    else "it was deleted (by hand, or by a trainer that took it over and "
+                         "ended)")
+      logging.error("lost the writer lease %s: %s", self.path, self._lost)
+      return False
+    self._version = version or self.mirror.bucket.read_versioned(self.key)[1]
+    self._renewed = sent
+    return True
+
+  def deadline(self) -> float:
+    """time.monotonic() from which another trainer may hold the lease."""
+    return self._renewed + self._seconds
 
   def check(self) -> None:
-    """StorageError unless this process still holds the lease: before each commit."""
-    if self._lost is None and time.monotonic() - self._renewed > self._seconds:
+    """StorageError unless this process still holds the lease: before each commit, and
+    before each try of each write (buckets.Bucket.writer)."""
+    if self._lost is None and time.monotonic() >= self.deadline():
       self._lost = (f"it could not be renewed for {self._seconds:g} s "
                     f"(checkpoint.lease_seconds), so another trainer may take it over")
     if self._lost is not None:
@@ -150,10 +189,10 @@ class BucketLease:
     a run of bad input on a path that held nothing leaves nothing there."""
     self._stop.set()
     self._thread.join()
-    self.mirror.lease = None
     try:
       self.check()  # lost (taken over, or not renewed for lease_seconds): the logs are not ours
     except StorageError:
+      self._let_go()
       return
     try:
       if refused and self.created_model_dir:
@@ -161,7 +200,14 @@ class BucketLease:
       else:
         self.mirror.push_logs()
     finally:
-      self.mirror.bucket.delete(self.key, self._version)
+      try:
+        self.mirror.bucket.delete(self.key, self._version)
+      finally:
+        self._let_go()
+
+  def _let_go(self) -> None:
+    self.mirror.lease = None
+    self.mirror.bucket.writer = None
 
 
 def _ours(bucket, key: str, token: str) -> bool:

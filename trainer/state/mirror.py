@@ -8,8 +8,10 @@ what is in the bucket always a model_dir that can be resumed:
 
   a checkpoint step  its files, then the event files and metrics.csv as they are
                      now, then `checkpoints/<step>/commit_success.txt` last (orbax's
-                     own commit marker on object stores): a step without it is never
-                     listed, restored or kept (a save cut short leaves no step);
+                     own commit marker on object stores), which lists the step's
+                     files: a step without it, or without a file it lists, is never
+                     listed, restored or kept (a save cut short, or a marker put by a
+                     holder cut off after another trainer took over, leaves no step);
                      retention deletes a step's marker first
   a JSON file        one object (config.json, summary.json, finished.json, ...)
   an export          variables and assets first, `saved_model.pb` last: an export cut
@@ -31,6 +33,7 @@ Only the holder of the writer lease writes checkpoints and logs
 """
 import atexit
 import concurrent.futures
+import json
 import logging as std_logging
 import os
 import shutil
@@ -65,6 +68,7 @@ class Mirror:
     self._pushed_logs: dict[str, tuple] = {}  # path -> (size, mtime) last put in the bucket
     self._log_lock = threading.Lock()  # the writer thread and the end of a run both push logs
     self.lease = None  # set by the writer lease: checked before each commit
+    self._not_steps: set[tuple[str, str]] = set()  # markers whose files are missing, said once
 
   # Keys and paths.
   def key(self, path: str) -> str:
@@ -138,7 +142,7 @@ class Mirror:
 
   def _download_step(self, directory: str, step: str, relatives: list[str]) -> None:
     """A committed step, whole, under a temporary name first: a download cut short is
-    never taken for a step."""
+    never taken for a step, nor is a step missing a file its marker lists."""
     final = os.path.join(self.local, directory, step)
     partial = final + _DOWNLOADING
     shutil.rmtree(partial, ignore_errors=True)
@@ -147,6 +151,15 @@ class Mirror:
           partial, *relative[len(f"{directory}/{step}/"):].split("/")))
                    for relative in relatives]:
         done.result()
+    missing = _missing_files(partial)
+    if missing:
+      shutil.rmtree(partial, ignore_errors=True)
+      if (directory, step) in self._not_steps:
+        return
+      self._not_steps.add((directory, step))
+      logging.warning("%s/%s/%s: its commit marker lists files the bucket does not hold "
+                      "(%s): not a step", self.url, directory, step, ", ".join(missing[:3]))
+      return
     os.replace(partial, final)
 
   def _download(self, relative: str, path: str | None = None) -> None:
@@ -192,13 +205,17 @@ class Mirror:
     staging directory: its files, the logs, then its commit marker; then the steps
     retention removed here are removed in the bucket (marker first)."""
     step_dir = os.path.join(directory, str(step))
+    marker = os.path.join(step_dir, COMMIT_MARKER)
     # orbax writes its own marker there too: put it now and the step counts before its files
-    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))
+    self.push_tree(step_dir, skip=(marker,))
     self.push_logs()
     self._still_the_writer()  # another trainer took model_dir over: commit nothing more
-    self.bucket.write(self.key(os.path.join(step_dir, COMMIT_MARKER)),
-                      f"committed step {step} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
-                      .encode())
+    files = sorted(os.path.relpath(os.path.join(parent, name), step_dir).replace(os.sep, "/")
+                   for parent, _, names in os.walk(step_dir) for name in names
+                   if os.path.join(parent, name) != marker)
+    self.bucket.write(self.key(marker), json.dumps({
+        "step": step, "committed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": files}).encode())
     self.forget_steps(directory)
 
   def forget_steps(self, directory: str) -> None:
@@ -263,6 +280,19 @@ class Mirror:
     for key in self._keys():
       if not key.endswith("/.lock") and key != ".lock":
         self.bucket.delete(key)
+
+
+def _missing_files(step_dir: str) -> list[str]:
+  """The files the commit marker in `step_dir` lists that are not there. A marker that
+  lists none (orbax's own, or distloop's before it listed them) asks for the step's
+  checkpoint metadata at least."""
+  try:
+    with open(os.path.join(step_dir, COMMIT_MARKER), "rb") as f:
+      files = json.loads(f.read().decode("utf-8"))["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    files = ["_CHECKPOINT_METADATA"]
+  return [name for name in files
+          if not os.path.isfile(os.path.join(step_dir, *str(name).split("/")))]
 
 
 def _signature(path: str) -> tuple:
