@@ -7,6 +7,7 @@ one (tests/plugins/predict_plugins.py), rows picked at random past what is commi
 import json
 import os
 import random
+import shutil
 import signal
 
 import numpy as np
@@ -39,6 +40,12 @@ def _chunks(output) -> dict:
   """The chunks' files (Parquet and records) by name: what must be the same bytes."""
   return {str(path.relative_to(output)): path.read_bytes()
           for sub in ("parquet", "records") for path in sorted((output / sub).iterdir())}
+
+
+def _files(output) -> dict:
+  """Every file of the output, by its path in it (the manifests and .lock included)."""
+  return {str(path.relative_to(output)): path.read_bytes()
+          for path in sorted(output.rglob("*")) if path.is_file()}
 
 
 def _committed(output) -> int:
@@ -168,6 +175,67 @@ def test_sigkill_at_five_moments_loses_or_doubles_no_row(cnn, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert pq.read_table(output / "parquet").to_pydict()["index"] == list(range(_ROWS))
   assert _chunks(output) == _chunks(reference)
+
+
+def _one_error(result, said: str) -> None:
+  assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+  errors = [line for line in result.error_lines() if line.startswith("distloop: error:")]
+  assert len(errors) == 1 and said in errors[0], result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def test_rows_rewritten_after_a_kill_are_refused_and_the_same_rows_give_the_clean_output(
+    cnn, tmp_path):
+  """Killed after some chunks, eval rows of chunk 0 rewritten (the same count): the rerun
+  is refused in one line naming chunk 0 and its rows, exit 2, nothing changed. Then the
+  same rows again, with the config recorded in model_dir and overrides for 2 replicas:
+  it logs its replicas and the overrides, and every file is the clean output's bytes,
+  manifest.json and progress.json included. A rerun that compares only the data's name
+  and row count, a manifest that holds the run's seconds, or a log that says "the config
+  recorded" alone while overrides were given, fail here."""
+  model_dir, reference = cnn
+  output = tmp_path / "out"
+  result = _predict(model_dir, output, *_IMAGES, env={
+      **_SLOW_READS, "PREDICT_SIGNAL": "KILL", "PREDICT_SIGNAL_ROW": "700",
+      "PREDICT_SIGNAL_ONCE": str(tmp_path / "kill")})
+  assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+  assert _committed(output) >= _CHUNK, "killed before a chunk was committed"
+  before = _files(output)
+  _one_error(_predict(model_dir, output, *_IMAGES, env={"PREDICT_CHANGED_ROWS": "3,140"}),
+             "chunk 0 (rows 0..149) was scored on other input rows")
+  assert _files(output) == before
+
+  result = run_trainer(model_dir, *_PREDICT, *_SHAPES["2"], f"--config.predict.output={output}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _files(output) == _files(reference)
+  assert "on 2 replica(s) (mirrored)" in result.stderr, result.stderr[-3000:]
+  said = [line for line in result.stderr.splitlines() if "predict of step 5 with" in line]
+  assert len(said) == 1 and "--config.runtime.strategy=mirrored" in said[0], said
+  assert f"the config recorded in {model_dir}/config.json and " in said[0], said
+
+
+def test_a_truncated_chunk_of_a_finished_output_is_scored_again(cnn, tmp_path):
+  """A finished output's third Parquet part truncated to half: the rerun warns in one
+  line naming chunk 2 and the file, scores rows 300.. again, and ends with the clean
+  output's bytes (pyarrow reads the folder) and digest. A finished output taken as
+  finished without checking its files' SHA-256 fails here."""
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  model_dir, reference = cnn
+  output = tmp_path / "out"
+  shutil.copytree(reference, output)
+  part = output / "parquet" / "part-00002-of-00007.parquet"
+  part.write_bytes(part.read_bytes()[:part.stat().st_size // 2])
+  result = _predict(model_dir, output, *_IMAGES)
+  assert result.returncode == 0, result.stderr[-3000:]
+  warned = [line for line in result.stderr.splitlines() if "missing or damaged" in line]
+  assert len(warned) == 1 and "parquet/part-00002-of-00007.parquet of chunk 2" in warned[0], (
+      result.stderr[-3000:])
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["rows_scored"] == _ROWS - 2 * _CHUNK, summary
+  assert _files(output) == _files(reference)
+  assert pq.read_table(output / "parquet").num_rows == _ROWS
+  with open(reference / "manifest.json") as f:
+    assert summary["digest"] == json.load(f)["digest"]
 
 
 def test_gan_samples_are_a_function_of_the_row(tmp_path):
