@@ -299,7 +299,8 @@ def test_store_down_past_the_retries_during_a_save(object_store, reference, tmp_
   committed step and end with the undisturbed run's weights."""
   store, url = object_store, object_store.new_url("outage")
   env = {**store.env, "DISTLOOP_BUCKET_RETRY_SECONDS": "2"}
-  process = TrainerProcess(url, *_FLAGS, env=env)
+  # A lease that outlasts the retries: the request's own bound ends the run, not the lease.
+  process = TrainerProcess(url, *_FLAGS, "--config.checkpoint.lease_seconds=30", env=env)
   try:
     process.wait_for(r"checkpoint at step 15 started", timeout=120)
     while not _steps(store, url)[1] and process.process.poll() is None:

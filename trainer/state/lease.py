@@ -148,7 +148,12 @@ class BucketLease:
         return
 
   def _renew(self) -> bool:
-    """One renewal: False once the lease is found another's, or deleted."""
+    """One renewal: False once the lease is found another's, or deleted, or past its
+    deadline (no write then: it may be another's)."""
+    if self._lost is None and time.monotonic() >= self.deadline():
+      self._lost = self._why_lost()
+      logging.error("lost the writer lease %s: %s", self.path, self._lost)
+      return False
     record = {**self._record, "renewed": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     sent = time.monotonic()
     try:
@@ -160,15 +165,27 @@ class BucketLease:
       logging.warning("could not renew the writer lease %s (%s): trying again", self.path, e)
       return True
     if version is None and not _ours(self.mirror.bucket, self.key, self._record["token"]):
-      found = self.mirror.bucket.read_versioned(self.key)
-      self._lost = (f"another trainer took it over ({_describe(_parse(found[0]))})" if found
-                    else "it was deleted (by hand, or by a trainer that took it over and "
-                         "ended)")
+      self._lost = self._why_lost()
       logging.error("lost the writer lease %s: %s", self.path, self._lost)
       return False
     self._version = version or self.mirror.bucket.read_versioned(self.key)[1]
     self._renewed = sent
     return True
+
+  def _why_lost(self) -> str:
+    """What the lease object says of a lease this process may no longer hold (a read)."""
+    not_renewed = (f"it could not be renewed for {self._seconds:g} s "
+                   f"(checkpoint.lease_seconds), so another trainer may take it over")
+    try:
+      found = self.mirror.bucket.read_versioned(self.key)
+    except buckets.BucketError:
+      return not_renewed
+    if found is None:
+      return "it was deleted (by hand, or by a trainer that took it over and ended)"
+    holder = _parse(found[0])
+    if holder.get("token") != self._record["token"]:
+      return f"another trainer took it over ({_describe(holder)})"
+    return not_renewed
 
   def deadline(self) -> float:
     """time.monotonic() from which another trainer may hold the lease."""
