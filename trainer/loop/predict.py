@@ -178,14 +178,19 @@ def input_digest(source, batch_rows: int):
 
 
 def _hash_leaf(hasher, leaf: np.ndarray) -> None:
+  """A leaf's rows into `hasher`: its bytes, or for an object leaf (serialized records,
+  rows of their own length) each row's size and bytes, so that no two rows run together."""
   if leaf.dtype.kind != "O":
     hasher.update(np.ascontiguousarray(leaf).data)
     return
-  for item in leaf:  # a serialized record or a row of its own length: its size, its bytes
-    value = item if isinstance(item, bytes) else np.ascontiguousarray(item)
-    hasher.update(len(value).to_bytes(8, "little") if isinstance(value, bytes)
-                  else repr((value.dtype.str, value.shape)).encode())
-    hasher.update(value if isinstance(value, bytes) else value.data)
+  for item in leaf:
+    if isinstance(item, bytes):
+      hasher.update(len(item).to_bytes(8, "little"))
+      hasher.update(item)
+    else:
+      value = np.ascontiguousarray(item)
+      hasher.update(repr((value.dtype.str, value.shape)).encode())
+      hasher.update(value.data)
 
 
 def _progress(output, rows: int, scored: int, seconds: float) -> None:
