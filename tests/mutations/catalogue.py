@@ -480,7 +480,7 @@ CATALOGUE = [
             "_export(job, reference)]\n",
         new="  return [*checks, _eval(job, reference), _export(job, reference)]\n",
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
-               "and_variable[mean_never_reset]",)),
+               "and_variable[mean_never_reset_and_loss_over_the_replica_batch]",)),
     Mutation(
         name="verify_own_rounding_too_loose",
         plants="verify's bound from the job's own rounding is 1e6 times what the reordered "
@@ -498,7 +498,7 @@ CATALOGUE = [
         old="ROUNDING_PER_STEP = 2e-7\n",
         new="ROUNDING_PER_STEP = 1e-3\n",
         slice=("tests/verify/test_verify.py::test_a_planted_defect_is_named_by_its_check_step_"
-               "and_variable[loss_over_the_replica_batch]",)),
+               "and_variable[mean_never_reset_and_loss_over_the_replica_batch]",)),
     Mutation(
         name="digests_miss_a_variable",
         plants="the digests leave out the first variable a checkpoint holds: verify names "

@@ -114,9 +114,10 @@ def in_order(data_config, seed):
   return _arrays(256, seed), _arrays(64, seed + 1)
 
 
-class MeanNeverReset(_Base):
+class MeanNeverReset(LossOverTheReplicaBatch):
   """A Keras Mean the Task holds, updated by eval_step and never reset: each eval a process
-  runs adds to the last, so two evals of the same step differ."""
+  runs adds to the last, so two evals of the same step differ. On LossOverTheReplicaBatch's
+  step: two defects that verify names by their own checks, in one verify run."""
 
   def build(self, context):
     super().build(context)
