@@ -359,7 +359,7 @@ CATALOGUE = [
                "commit_success.txt, uploaded in os.walk order), not after them: a kill "
                "mid-upload leaves a step that counts without its files",
         file="trainer/state/mirror.py",
-        old="    self.push_tree(step_dir, skip=(os.path.join(step_dir, COMMIT_MARKER),))\n",
+        old="    self.push_tree(step_dir, skip=(marker,))\n",
         new="    self.push_tree(step_dir)\n",
         slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
                "cnn-1-s3]",)),
@@ -373,6 +373,26 @@ CATALOGUE = [
         new="      committed = set(files)\n",
         slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
                "cnn-1-s3]",)),
+    # -- bucket retries and the lease's deadline (issue 57) -----------------------------
+    Mutation(
+        name="bucket_writes_retried_past_the_lease",
+        plants="a lease holder's writes are retried for the whole retry bound, not only "
+               "until its lease could be taken over: cut off at its commit, it puts its "
+               "marker in the bucket after another trainer took over",
+        file="trainer/state/buckets.py",
+        old="      writer = self.writer if write else None\n",
+        new="      writer = None\n",
+        slice=("tests/buckets/test_bucket_retries.py::test_a_holder_cut_off_at_its_commit_"
+               "writes_nothing_after_its_deadline[gs]",)),
+    Mutation(
+        name="bucket_keras_seeds_from_the_global_random",
+        plants="Keras draws its default seeds during the build from Python's global random, "
+               "which a bucket client's requests draw from too: other weights on a bucket",
+        file="trainer/cluster/runtime.py",
+        old="  seed_generator.python_random = own\n",
+        new="",
+        slice=("tests/buckets/test_bucket_model_dir.py::test_retried_faults_change_no_"
+               "weight[gs]",)),
 
     # -- --mode=predict: each row once (issue 47) ----------------------------------------
     Mutation(
