@@ -378,3 +378,45 @@ def test_a_lease_released_while_the_next_trainer_waits_loses_no_step(gcs_store, 
   weights = read_checkpoint(os.path.dirname(os.path.dirname(final)), _STEPS)
   for key, expected in reference["weights"].items():
     np.testing.assert_array_equal(weights[key], expected, err_msg=key)
+
+
+# --- A holder cut off at its commit while another takes over (issue 57) --------------------
+
+def _objects(store, url: str) -> dict:
+  return {name: store.read(f"{url}/{name}") for name in store.list(url)}
+
+
+@pytest.mark.slow
+def test_a_holder_cut_off_mid_commit_writes_nothing_once_another_took_over(gcs_store,
+                                                                           reference,
+                                                                           tmp_path):
+  """The holder (through the store's side proxy) is cut off while a save's upload is
+  under way (every request of its answered 503); the next trainer takes the lease over
+  after lease_seconds (2 s) and finishes; then the holder's connection is back. The
+  holder must have stopped in one line naming the lease, and the bucket be as the taker
+  left it, byte for byte, with the uninterrupted run's weights, rows and losses. Catches
+  a holder whose writes outlive its lease (the client libraries retried for up to 120 s:
+  its step's files and commit marker landed over the finished run). The retry bound is
+  the same code for both stores (tests/buckets/test_bucket_retries.py shows both)."""
+  store, url = gcs_store, gcs_store.new_url("partitioned")
+  os.makedirs(tmp_path / "staging")
+  holder = TrainerProcess(url, *_FLAGS, env={**store.side_env, "TMPDIR": str(tmp_path / "staging")})
+  try:
+    holder.wait_for(r"checkpoint at step 10 started", timeout=120)
+    while not _steps(store, url)[1] and holder.process.poll() is None:
+      time.sleep(0.005)  # a save's upload under way
+    store.side_proxy.deny(503)
+    taker = run_trainer(url, *_FLAGS, env=store.env)
+    finished = _objects(store, url)
+    store.side_proxy.passthrough()
+    code = holder.wait(timeout=180)
+  finally:
+    store.side_proxy.passthrough()
+    holder.kill()
+  assert taker.returncode == 0, taker.stderr[-3000:]
+  assert "Took over the writer lease" in taker.stderr, taker.stderr[-3000:]
+  assert code == 1, holder.output[-4000:]
+  assert f"lost the writer lease {url}/.lock" in _error_line(holder.output, url)
+  assert _objects(store, url) == finished, "the holder wrote once another had taken over"
+  assert not _steps(store, url)[1]
+  _assert_like_the_reference(store, url, reference, tmp_path)

@@ -340,7 +340,7 @@ class _S3Bucket(Bucket):
                                botocore.exceptions.IncompleteReadError,
                                botocore.exceptions.ResponseStreamingError)
     self._session, self._config = boto3.session.Session(), config.Config
-    self._clients: dict[int, object] = {}
+    self._clients: dict[float, object] = {}
     # As boto3 reads it, once: every client of this bucket talks to one endpoint.
     self._endpoint_url = (os.environ.get("AWS_ENDPOINT_URL_S3")
                           or os.environ.get("AWS_ENDPOINT_URL") or None)
@@ -350,22 +350,25 @@ class _S3Bucket(Bucket):
     self._transfer = transfer.TransferConfig(use_threads=False, num_download_attempts=1)
 
   def _client_for(self, seconds: float):
-    """A client whose tries wait up to `seconds` (whole seconds, at least 1) for an
-    answer, and that retries nothing itself."""
-    whole = max(1, math.ceil(min(seconds, _ATTEMPT_SECONDS)))
+    """A client whose tries wait up to `seconds` for an answer (botocore sets timeouts per
+    client: one per tenth of a second under 2 s, per second above), and that retries
+    nothing itself."""
+    seconds = min(seconds, _ATTEMPT_SECONDS)
+    wait = math.floor(seconds) if seconds >= 2 else max(0.1, math.floor(seconds * 10) / 10)
     with self._clients_lock:
-      if whole not in self._clients:
-        self._clients[whole] = self._session.client(
+      if wait not in self._clients:
+        self._clients[wait] = self._session.client(
             "s3", endpoint_url=self._endpoint_url,
             config=self._config(retries={"mode": "standard", "total_max_attempts": 1},
-                                connect_timeout=min(_CONNECT_SECONDS, whole),
-                                read_timeout=whole))
-      return self._clients[whole]
+                                connect_timeout=min(_CONNECT_SECONDS, wait),
+                                read_timeout=wait))
+      return self._clients[wait]
 
   def _cause(self, error):
     if isinstance(error, self._errors):
       return error
-    return error.__cause__ or error.__context__ or error
+    last = getattr(error, "last_exception", None)  # s3transfer's RetriesExceededError
+    return last or error.__cause__ or error.__context__ or error
 
   def _status(self, error) -> tuple[str, int | None]:
     response = getattr(error, "response", None) or {}
