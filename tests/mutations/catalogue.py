@@ -391,8 +391,10 @@ CATALOGUE = [
         file="trainer/cluster/runtime.py",
         old="  seed_generator.python_random = own\n",
         new="",
-        slice=("tests/buckets/test_bucket_model_dir.py::test_retried_faults_change_no_"
-               "weight[gs]",)),
+        slice=("tests/setup/test_keras_seeds.py::test_a_draw_from_the_global_random_before_"
+               "the_build_changes_no_weight",
+               "tests/buckets/test_bucket_model_dir.py::test_retried_faults_change_no_"
+               "weight[gs]")),
 
     # -- --mode=predict: each row once (issue 47) ----------------------------------------
     Mutation(
