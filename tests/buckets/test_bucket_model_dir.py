@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import socket
-import tempfile
 import threading
 import time
 
@@ -29,6 +28,7 @@ import numpy as np
 import pytest
 
 from tests.support.cli import REPO, run_trainer
+from tests.support.object_stores import in_this_process
 from tests.support.processes import TrainerProcess, assert_same_state, read_checkpoint
 
 _STEPS = 20
@@ -145,21 +145,10 @@ def _config(steps: int = _STEPS):
   return config
 
 
-def _in_process(store, monkeypatch, tmp_path):
-  from trainer.state import mirror  # pylint: disable=import-outside-toplevel
-  for name, value in store.env.items():
-    monkeypatch.setenv(name, value)
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-  try:
-    yield store
-  finally:
-    mirror.remove_staging()
-
-
 @pytest.fixture
 def in_process(object_store, monkeypatch, tmp_path):
   """The store's environment in this process, staging under tmp_path, removed after."""
-  yield from _in_process(object_store, monkeypatch, tmp_path)
+  yield from in_this_process(object_store, monkeypatch, tmp_path)
 
 
 # --- Shared runs -------------------------------------------------------------------------
@@ -440,7 +429,7 @@ def test_warm_start_from_a_bucket(scheme, suffix, request, _trained_runs, tmp_pa
   import trainer  # pylint: disable=import-outside-toplevel
   store = request.getfixturevalue({"gs": "gcs_store", "s3": "s3_store"}[scheme])
   trained = _trained(store, _trained_runs, tmp_path_factory)
-  staging = _in_process(store, monkeypatch, tmp_path)
+  staging = in_this_process(store, monkeypatch, tmp_path)
   in_process = next(staging)
   request.addfinalizer(staging.close)
   config = _config(steps=2)

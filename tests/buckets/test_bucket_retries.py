@@ -9,12 +9,12 @@ answer. No training here: the bucket, the mirror and the lease are driven direct
 import concurrent.futures
 import json
 import os
-import tempfile
 import threading
 
 import pytest
 
 from tests.support.cli import run_trainer
+from tests.support.object_stores import in_this_process
 
 _LEASE = 1.0  # seconds: a holder cut off loses it in 1 s, its taker waits as long
 
@@ -22,14 +22,7 @@ _LEASE = 1.0  # seconds: a holder cut off loses it in 1 s, its taker waits as lo
 @pytest.fixture
 def in_process(object_store, monkeypatch, tmp_path):
   """The store's environment in this process (its proxy), staging under tmp_path."""
-  from trainer.state import mirror
-  for name, value in object_store.env.items():
-    monkeypatch.setenv(name, value)
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-  try:
-    yield object_store
-  finally:
-    mirror.remove_staging()
+  yield from in_this_process(object_store, monkeypatch, tmp_path)
 
 
 def _mirror(url: str, local, env: dict | None = None):

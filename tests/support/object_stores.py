@@ -599,3 +599,17 @@ def object_store(request) -> Store:
 
 if __name__ == "__main__":
   _supervise(sys.argv[1], sys.argv[2])
+
+
+def in_this_process(store, monkeypatch, tmp_path):
+  """A fixture's body: `store`'s environment (its proxy) in this process, a trainer's
+  staging folders under tmp_path, removed after."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+  from trainer.state import mirror  # pylint: disable=import-outside-toplevel
+  for name, value in store.env.items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  try:
+    yield store
+  finally:
+    mirror.remove_staging()
