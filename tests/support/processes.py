@@ -59,7 +59,9 @@ def dies_with_its_test() -> list[str]:
   setpriv), so a trainer never outlives its test as an orphan (ppid 1) holding a core and
   a model_dir's lock. A pytest stopped by SIGTERM first ends as on Ctrl-C
   (tests/conftest.py), the tests' `finally` blocks and fixtures killing their processes;
-  this covers the rest (SIGKILL, an xdist worker killed). Empty where setpriv is missing."""
+  this covers the rest (SIGKILL, an xdist worker killed). The kernel watches the thread
+  that started the process, not the test process as a whole: start it from a thread that
+  outlives it (subprocess.run in a pool's thread does). Empty where setpriv is missing."""
   return ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
 
 
