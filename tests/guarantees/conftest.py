@@ -76,6 +76,28 @@ SHAPES = {
 }
 
 
+# CI's time (the whole .ci/run within its budget on the 2-core machine): the two costliest
+# shapes run on the workloads whose code they change, six of the 14 each;
+# DISTLOOP_FULL_MATRIX=1 runs every workload on every shape (the cells left out are
+# skipped, with this reason). central_storage: its first-replica rule (dropout_mlp),
+# statistics (conv_batchnorm), optimizer state and EMA, two optimizers, a Task's state;
+# XLA: the same, and batches of varying length (a retrace per shape).
+FULL_MATRIX = os.environ.get("DISTLOOP_FULL_MATRIX") == "1"
+SAMPLED_SHAPES = {
+    "central_storage-2": ("cnn", "dropout_mlp", "conv_batchnorm", "adamw_ema_accumulation",
+                          "gan", "task_counter"),
+    "xla-1": ("cnn", "conv_batchnorm", "adamw_ema_accumulation", "gan", "task_counter",
+              "variable_length"),
+}
+SAMPLED_OUT = ("the costliest shapes run on six workloads in CI's time; "
+               "DISTLOOP_FULL_MATRIX=1 runs every one")
+
+
+def sampled_out(workload_name: str, shape: str) -> bool:
+  return (not FULL_MATRIX and shape in SAMPLED_SHAPES
+          and workload_name not in SAMPLED_SHAPES[shape])
+
+
 # Layouts that must sum in exactly the order of "1" (checked bit for bit, by
 # test_matrix's `order` check only): one replica in a process of 2 logical devices. Under
 # runtime.deterministic the threads per op are the config's, never the device count's

@@ -20,6 +20,7 @@ import pytest
 from trainer.verify import checks as verify
 from trainer.verify import report
 from tests.guarantees import catalogue
+from tests.guarantees.conftest import (SAMPLED_OUT, sampled_out)
 from tests.guarantees.conftest import (BUCKET_CHECKS, BUCKET_FLAGS, BUCKET_SHAPES,
                                        BUCKET_WORKLOADS, ORDER_SHAPES, SHAPES, STORAGES, arrays,
                                        complete_steps, digests, eval_rows, flags, trainer_run)
@@ -43,7 +44,8 @@ def cells(check: str, shapes=tuple(SHAPES), applies=lambda workload: True):
         if check in BUCKET_CHECKS and workload.name in BUCKET_WORKLOADS and shape in shapes]:
       on_disk = storage == "local"
       marks = [] if on_disk and (check, workload.name, shape) in FAST else [pytest.mark.slow]
-      why_not = workload.why_not(check, shape)
+      why_not = workload.why_not(check, shape) or (
+          SAMPLED_OUT if sampled_out(workload.name, shape) else None)
       if why_not or not applies(workload):
         marks.append(pytest.mark.skip(reason=why_not or f"{workload.name} exports nothing "
                                                          "to score"))
