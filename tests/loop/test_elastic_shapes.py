@@ -519,7 +519,7 @@ def test_judge_refuses_randomness_drawn_per_replica_on_another_strategy_of_the_s
 
 # -- the refusal from the JSON on disk, before TensorFlow starts (elastic.refuse_before_start) --
 
-def _step_meta(model_dir, step: int, **meta) -> None:
+def _write_step_meta(model_dir, step: int, **meta) -> None:
   """checkpoints/<step>/meta/metadata as orbax's JsonSave writes it."""
   folder = model_dir / "checkpoints" / str(step) / "meta"
   folder.mkdir(parents=True)
@@ -546,8 +546,8 @@ def test_refuse_before_start_judges_the_newest_steps_recorded_dependence(tmp_pat
   the step's meta says all it needs; and one made where the restore would go on."""
   recorded = elastic.dependence(deterministic=True, replicas=["BatchNormalization 'bn'"],
                                 strategy=[])
-  _step_meta(tmp_path, 5, shape=_ONE, dependence=recorded)
-  _step_meta(tmp_path, 10, shape=_TWO, dependence=recorded)
+  _write_step_meta(tmp_path, 5, shape=_ONE, dependence=recorded)
+  _write_step_meta(tmp_path, 10, shape=_TWO, dependence=recorded)
   with pytest.raises(UserError) as refused:
     elastic.refuse_before_start(str(tmp_path), _resume_config(1))
   assert str(refused.value).startswith(
@@ -561,5 +561,5 @@ def test_refuse_before_start_judges_the_newest_steps_recorded_dependence(tmp_pat
 
 @_ON_A_CPU
 def test_refuse_before_start_leaves_a_step_without_the_record_to_the_restore(tmp_path):
-  _step_meta(tmp_path, 10, shape=_TWO)  # saved before meta recorded its dependence
+  _write_step_meta(tmp_path, 10, shape=_TWO)  # saved before meta recorded its dependence
   elastic.refuse_before_start(str(tmp_path), _resume_config(1))
