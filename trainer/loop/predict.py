@@ -21,6 +21,7 @@ range of rows; a row's values depend on its example alone (the model in inferenc
 randomness a function of the row: PredictContext); every replica runs on a slice of
 the same length (the last batch's repeat the last row, dropped on the host).
 """
+import functools
 import hashlib
 import time
 
@@ -161,9 +162,12 @@ def input_digest(source, batch_rows: int):
   """`digest(first, end)`: SHA-256 of rows [first, end) as the source reads them (every
   leaf, features and labels, undecoded: a records file's bytes), `batch_rows` at a time;
   what each committed chunk records of its input, and a rerun compares. The same for any
-  batch size: each leaf's rows hashed on their own, then the leaves' specs and digests."""
+  batch size: each leaf's rows hashed on their own, then the leaves' specs and digests.
+  Each range is read once: a finished output found damaged is checked by `finished`, then
+  by `open_output`, with the same ranges."""
   specs = source.leaf_specs()
 
+  @functools.cache
   def digest(first: int, end: int) -> str:
     leaves = [hashlib.sha256() for _ in specs]
     for start in range(first, end, batch_rows):

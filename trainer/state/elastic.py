@@ -10,8 +10,9 @@ replica holds it (Keras's random layers are drawn per example under
 `runtime.deterministic`: trainer/task/randomness.py). What still depends on the replica
 count (an unsynchronized BatchNormalization's statistics, randomness not drawn per
 example: `dependence`) would put the resumed run on another trajectory: refused, unless
-`checkpoint.allow_other_trajectory` asks for it. Pure Python: a refusal is decided from the JSON on disk before TensorFlow starts where the
-shape to come is known without it (`refuse_before_start`), else after the restore.
+`checkpoint.allow_other_trajectory` asks for it. Pure Python: a refusal is decided from
+the JSON on disk before TensorFlow starts where the shape to come is known without it
+(`refuse_before_start`), else after the restore.
 """
 import glob
 import os

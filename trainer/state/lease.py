@@ -174,18 +174,20 @@ class BucketLease:
 
   def _why_lost(self) -> str:
     """What the lease object says of a lease this process may no longer hold (a read)."""
-    not_renewed = (f"it could not be renewed for {self._seconds:g} s "
-                   f"(checkpoint.lease_seconds), so another trainer may take it over")
     try:
       found = self.mirror.bucket.read_versioned(self.key)
     except buckets.BucketError:
-      return not_renewed
+      return self._not_renewed()
     if found is None:
       return "it was deleted (by hand, or by a trainer that took it over and ended)"
     holder = _parse(found[0])
     if holder.get("token") != self._record["token"]:
       return f"another trainer took it over ({_describe(holder)})"
-    return not_renewed
+    return self._not_renewed()
+
+  def _not_renewed(self) -> str:
+    return (f"it could not be renewed for {self._seconds:g} s (checkpoint.lease_seconds), "
+            f"so another trainer may take it over")
 
   def deadline(self) -> float:
     """time.monotonic() from which another trainer may hold the lease."""
@@ -195,8 +197,7 @@ class BucketLease:
     """StorageError unless this process still holds the lease: before each commit, and
     before each try of each write (buckets.Bucket.writer)."""
     if self._lost is None and time.monotonic() >= self.deadline():
-      self._lost = (f"it could not be renewed for {self._seconds:g} s "
-                    f"(checkpoint.lease_seconds), so another trainer may take it over")
+      self._lost = self._not_renewed()
     if self._lost is not None:
       raise StorageError(f"lost the writer lease {self.path}: {self._lost}; this run writes "
                          f"no more to {self.mirror.url}")
