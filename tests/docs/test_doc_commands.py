@@ -12,7 +12,8 @@ appended (CI time; its flags and config are still the page's), except those whos
 later block reads (FULL_RUNS). A block reading a model_dir the docs made elsewhere runs
 after that command (PREREQUISITES: the README's quickstart). The launcher's commands run
 in a private network namespace (tests/support/processes.py), skipped without one; one the README
-shows too is left to tests/docs/test_readme.py, which runs it as written (_RUN_BY_THE_README_TEST)."""
+shows too is left to tests/docs/test_readme.py, which runs it as written (_RUN_BY_THE_README_TEST),
+and verify's is left to tests/verify/test_verify.py (_RUN_BY_OTHER_TESTS)."""
 import csv
 import json
 import os
@@ -25,6 +26,7 @@ import pytest
 from tests.support.cli import user_environment
 from tests.support.doc_blocks import REPO, as_run_here, doc_blocks, page_blocks
 from tests.docs import test_readme
+from tests.verify import test_verify
 from tests.support.processes import loopback_only, needs_loopback
 
 _QUICKSTART = "python -m trainer --config=synthetic --model_dir=/tmp/distloop/synthetic"
@@ -37,6 +39,8 @@ _CHEAP = ["--config.train.steps=2", "--config.train.steps_per_loop=1"]
 
 # Commands tests/docs/test_readme.py runs as written already (the launch, mirrored: ~50 s saved).
 _RUN_BY_THE_README_TEST = {" ".join(command.split()) for command in test_readme.commands()}
+# Commands another test runs as written, and more (the seed CNN's verify: ~90 s saved).
+_RUN_BY_OTHER_TESTS = {test_verify.DOCUMENTED}
 _BLOCKS = doc_blocks()
 _BASH = [b for b in _BLOCKS if not b.mark and b.language == "bash"]
 _LOCAL = [b for b in _BASH if not any("trainer.launch" in c for c in b.commands())]
@@ -84,7 +88,7 @@ def _check(clone, command, prefix=()):
 @pytest.mark.parametrize("block", _LOCAL, ids=lambda b: b.where)
 def test_each_documented_command_runs_as_written(clone, block):
   for command in block.commands():
-    if command not in _RUN_BY_THE_README_TEST:
+    if command not in _RUN_BY_THE_README_TEST | _RUN_BY_OTHER_TESTS:
       _check(clone, command)
 
 

@@ -76,26 +76,48 @@ SHAPES = {
 }
 
 
-# CI's time (the whole .ci/run within its budget on the 2-core machine): the two costliest
-# shapes run on the workloads whose code they change, six of the 14 each;
-# DISTLOOP_FULL_MATRIX=1 runs every workload on every shape (the cells left out are
-# skipped, with this reason). central_storage: its first-replica rule (dropout_mlp),
-# statistics (conv_batchnorm), optimizer state and EMA, two optimizers, a Task's state;
-# XLA: the same, and batches of varying length (a retrace per shape).
+# CI's time (the whole .ci/run within its budget on the 2-core machine): some cells run on
+# the workloads whose code they change, not on all 14 (DISTLOOP_FULL_MATRIX=1 runs every
+# cell; the cells left out are skipped, with SAMPLED_OUT). A key is (check, shape), "*" for
+# every check of that shape. Every workload still resumes (SIGTERM, SIGKILL) on 1 replica,
+# and every shape runs every check on some workloads.
+# - central_storage-2: its first-replica rule (dropout_mlp), statistics (conv_batchnorm),
+#   optimizer state and EMA, two optimizers, a Task's state; xla-1: the same, and batches of
+#   varying length (a retrace per shape).
+# - The resumes on 2 replicas: state or data that differ per replica (random layers,
+#   BatchNorm statistics, synchronized or not, slots, EMA and accumulators, two optimizers,
+#   a Task's variables, padded lengths per replica); the other 7 resume on 1 replica, where
+#   the same checkpoint code saves the same variables.
+# - The summation order: a convolution, a recurrent layer's loop, a Task's two models, a
+#   synchronized BatchNorm (the same thread setting decides every one of their sums).
+# - A resume with changed fields: every input pipeline (fixed, augmented, variable-length
+#   streams, a Task's data), the optimizer state and a Task's, and a refusal; the five left
+#   out read the synthetic data as cnn does.
 FULL_MATRIX = os.environ.get("DISTLOOP_FULL_MATRIX") == "1"
-SAMPLED_SHAPES = {
-    "central_storage-2": ("cnn", "dropout_mlp", "conv_batchnorm", "adamw_ema_accumulation",
-                          "gan", "task_counter"),
-    "xla-1": ("cnn", "conv_batchnorm", "adamw_ema_accumulation", "gan", "task_counter",
-              "variable_length"),
+_STATE_AND_DATA = ("dropout_mlp", "conv_batchnorm", "conv_batchnorm_synchronized",
+                   "adamw_ema_accumulation", "gan", "task_counter", "variable_length")
+SAMPLED = {
+    ("*", "central_storage-2"): ("cnn", "dropout_mlp", "conv_batchnorm",
+                                 "adamw_ema_accumulation", "gan", "task_counter"),
+    ("*", "xla-1"): ("cnn", "conv_batchnorm", "adamw_ema_accumulation", "gan", "task_counter",
+                     "variable_length"),
+    ("sigterm", "2"): _STATE_AND_DATA,
+    ("sigkill", "2"): _STATE_AND_DATA,
+    ("order", "one_device-of-2"): ("cnn", "conv_batchnorm_synchronized", "gan",
+                                   "variable_length_gru"),
+    ("resume_changed", "1"): ("cnn", "augmented", "adamw_ema_accumulation", "contrastive",
+                              "gan", "task_counter", "task_layer_generator", "variable_length",
+                              "variable_length_gru"),
 }
-SAMPLED_OUT = ("the costliest shapes run on six workloads in CI's time; "
-               "DISTLOOP_FULL_MATRIX=1 runs every one")
+SAMPLED_OUT = ("sampled for CI's time (tests/guarantees/conftest.py SAMPLED); "
+               "DISTLOOP_FULL_MATRIX=1 runs every cell")
 
 
-def sampled_out(workload_name: str, shape: str) -> bool:
-  return (not FULL_MATRIX and shape in SAMPLED_SHAPES
-          and workload_name not in SAMPLED_SHAPES[shape])
+def sampled_out(check: str, workload_name: str, shape: str) -> bool:
+  if FULL_MATRIX:
+    return False
+  kept = SAMPLED.get((check, shape), SAMPLED.get(("*", shape)))
+  return kept is not None and workload_name not in kept
 
 
 # Layouts that must sum in exactly the order of "1" (checked bit for bit, by
@@ -118,9 +140,9 @@ ORDER_SHAPES = {
 STORAGES = ("local", "gs", "s3")
 BUCKET_EMULATORS = {"gs": "gcs_session_emulator", "s3": "s3_session_emulator"}
 BUCKET_SHAPES = ("1",)
-# The built-in step, a Task (contrastive: 28 s a store, where examples/gan.py takes 38 s with
-# its eval and export, which contrastive has not), variable-length batches.
-BUCKET_WORKLOADS = ("cnn", "contrastive", "variable_length")
+# The built-in step and variable-length batches (a Task, contrastive, adds variables to the
+# same checkpoint files: on a bucket with DISTLOOP_FULL_MATRIX=1).
+BUCKET_WORKLOADS = ("cnn", "variable_length") + (("contrastive",) if FULL_MATRIX else ())
 BUCKET_CHECKS = ("sigterm", "sigkill", "eval", "export")
 # The rerun after a SIGKILL waits out the dead holder's writer lease (trainer/state/lease.py):
 # 2 s, not the default 60.

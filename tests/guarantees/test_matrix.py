@@ -45,7 +45,7 @@ def cells(check: str, shapes=tuple(SHAPES), applies=lambda workload: True):
       on_disk = storage == "local"
       marks = [] if on_disk and (check, workload.name, shape) in FAST else [pytest.mark.slow]
       why_not = workload.why_not(check, shape) or (
-          SAMPLED_OUT if sampled_out(workload.name, shape) else None)
+          SAMPLED_OUT if sampled_out(check, workload.name, shape) else None)
       if why_not or not applies(workload):
         marks.append(pytest.mark.skip(reason=why_not or f"{workload.name} exports nothing "
                                                          "to score"))

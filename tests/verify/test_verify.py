@@ -28,6 +28,15 @@ def verify(tmp_path, *flags: str, prefix=()):
           json.loads(report.read_text()) if report.exists() else None)
 
 
+# docs/guarantees.md's command (tests/docs/test_doc_commands.py leaves it to the test below,
+# which runs it with one flag more: a verify of 11 processes, ~90 s of CI, once).
+DOCUMENTED = "python -m trainer.verify --config=synthetic"
+
+
+# The seed CNN at 1/4 of its default width (CI's time): the variable names of the default.
+SMALL_CNN = ("--config.model.conv_filters=8", "--config.model.dense_units=16")
+
+
 def rows(report) -> dict:
   return {row["check"]: row for row in report["checks"]}
 
@@ -39,7 +48,8 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
   at its bound: the resumes, eval and export bit for bit, 2 replicas and an elastic
   resume to float32 rounding. A check that cannot fail (compared with itself, or nothing
   compared) shows as a largest difference of None, which fails here."""
-  code, output, report = verify(tmp_path, "--config=synthetic", "--config.train.epochs=1")
+  flags = DOCUMENTED.split()[3:]
+  code, output, report = verify(tmp_path, *flags, "--config.train.epochs=1")
   assert code == 0, output[-3000:]
   assert report["seconds"] > 0 and "checks in" in output
   found = rows(report)
@@ -67,8 +77,8 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
     # the resumed process counts from 0: its 2nd step (5) takes the 5th's input
     ((f"--config.train.task={DEFECTS}:PythonCounter", "--shapes=1"),
      {"sigterm": (5, "model/tiny/logits/kernel")}),
-    # another process, another order of the rows: step 1 already
-    ((f"--config.data.name={DEFECTS}:ordered_by_the_process", "--shapes=1"),
+    # another process, another order of the rows: step 1 already (a small CNN: CI's time)
+    ((f"--config.data.name={DEFECTS}:ordered_by_the_process", "--shapes=1", *SMALL_CNN),
      {"repeat": (1, "model/mnist_cnn/conv/kernel")}),
 ], ids=["mean_never_reset_and_loss_over_the_replica_batch", "python_counter",
         "data_order_of_the_process"])
@@ -145,8 +155,8 @@ def test_a_job_whose_steps_depend_on_the_replica_count_is_refused_not_compared(t
 def test_workers_train_the_replicas_of_one_process_bit_for_bit(tmp_path):
   """--workers=2: the job on 2 processes (python -m trainer.launch, on loopback) against 2
   replicas in one process: every step's digests equal, the end bit for bit."""
-  code, output, report = verify(tmp_path, "--config=synthetic", "--shapes=1", "--workers=2",
-                                prefix=loopback_only())
+  code, output, report = verify(tmp_path, "--config=synthetic", *SMALL_CNN, "--shapes=1",
+                                "--workers=2", prefix=loopback_only())
   assert code == 0, output[-3000:]
   found = rows(report)
   assert "shapes 2" not in found  # --shapes=1: no shape checks, the workers' own run of 2
