@@ -48,7 +48,7 @@ def test_every_check_holds_on_the_seed_cnn_at_its_defaults(tmp_path):
   at its bound: the resumes, eval and export bit for bit, 2 replicas and an elastic
   resume to float32 rounding. A check that cannot fail (compared with itself, or nothing
   compared) shows as a largest difference of None, which fails here."""
-  flags = DOCUMENTED.split()[3:]
+  flags = DOCUMENTED.removeprefix("python -m trainer.verify ").split()
   code, output, report = verify(tmp_path, *flags, "--config.train.epochs=1")
   assert code == 0, output[-3000:]
   assert report["seconds"] > 0 and "checks in" in output
