@@ -44,7 +44,7 @@ def _cnn_state() -> tuple[dict, dict]:
 def _save_seconds(model_dir: str, weights: dict, optimizer: dict, repeats: int) -> list[float]:
   """Seconds of each synchronous save (what the writer thread spends), step by step."""
   from trainer.state import checkpoints  # pylint: disable=g-import-not-at-top
-  from trainer.state import mirror  # pylint: disable=g-import-not-at-top
+  from trainer.store import mirror  # pylint: disable=g-import-not-at-top
   local = mirror.staged(model_dir)
   manager = checkpoints.Checkpoints(os.path.join(local, "checkpoints"), max_to_keep=3,
                                     async_save=False, writer=True)

@@ -1,7 +1,7 @@
 """The config a model_dir recorded, as a config file: `--config=DIR/config.json`.
 
 The trainer writes the resolved config of every run to model_dir/config.json
-(trainer/state/model_dir.py). `get_config(path)` reads it back as a locked ConfigDict
+(trainer/store/model_dir.py). `get_config(path)` reads it back as a locked ConfigDict
 built on common.base_config(): every field exists (a field distloop added since
 keeps its default), the values are the file's, and a user config's own fields
 (examples/my_config.py) are kept. `--config.FIELD=VALUE` overrides apply on top.

@@ -33,9 +33,9 @@ from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import config_changes
 from trainer.state import elastic
-from trainer.state import mirror
-from trainer.state import model_dir as layout
-from trainer.state import writer_lock
+from trainer.store import mirror
+from trainer.store import model_dir as layout
+from trainer.store import writer_lock
 from trainer.setup import epochs
 from trainer.setup import module_names
 from trainer.setup import plugins

@@ -90,7 +90,7 @@ class Job:
       sys.path.append(os.getcwd())
     cli.parse_flags(list(argv))  # its one-line refusals
     values = flags.FLAGS
-    from trainer.state import mirror  # pylint: disable=g-import-not-at-top
+    from trainer.store import mirror  # pylint: disable=g-import-not-at-top
     try:  # a bucket's URL, not the staging copy the CLI's flags hold (each worker stages its own)
       job = cls.of(cli.config_from_flags(), mirror.display(values.model_dir), mode=values.mode,
                    num_workers=values.num_workers, max_failures=values.max_failures,
@@ -107,15 +107,15 @@ class Job:
     from input_pipelines.native_output import native_startup_silenced  # pylint: disable=g-import-not-at-top
     from trainer import api  # pylint: disable=g-import-not-at-top
     from trainer.state import config_changes  # pylint: disable=g-import-not-at-top
-    from trainer.state import buckets  # pylint: disable=g-import-not-at-top
-    from trainer.state import mirror  # pylint: disable=g-import-not-at-top
-    from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
+    from trainer.store import object_stores  # pylint: disable=g-import-not-at-top
+    from trainer.store import mirror  # pylint: disable=g-import-not-at-top
+    from trainer.store import model_dir as layout  # pylint: disable=g-import-not-at-top
     if mode not in _MODES:
       raise UserError(f"--mode={mode}: a Ray job trains (train, train_and_eval); run eval, "
                       f"export and continuous_eval with python -m trainer")
     config = _multi_worker(api.load_config(config))
     layout.check_location(model_dir)
-    if not buckets.is_url(model_dir):
+    if not object_stores.is_url(model_dir):
       model_dir = os.path.abspath(model_dir)  # Ray's workers run in a directory of their own
     with native_startup_silenced():  # a plug-in module may import TensorFlow
       api.check_config(config)
@@ -125,7 +125,7 @@ class Job:
     parent = model_dir.rstrip("/").rsplit("/", 1)[0]
     if storage_path is None:
       storage_path = parent
-    if not buckets.is_url(storage_path):
+    if not object_stores.is_url(storage_path):
       storage_path = os.path.abspath(storage_path)
     return cls(loop_config={"config": config, "model_dir": model_dir, "mode": mode,
                             "cwd": os.getcwd(), "path": [os.getcwd(), *sys.path]},
@@ -232,8 +232,9 @@ class Reporter:
     from ray.train import Checkpoint  # pylint: disable=g-import-not-at-top
     pointer = tempfile.mkdtemp(prefix="distloop_pointer_")
     try:
-      with open(os.path.join(pointer, POINTER_FILE), "w", encoding="utf-8") as f:
-        json.dump({"model_dir": self._model_dir, "step": int(step)}, f)
+      from trainer.store import files  # pylint: disable=g-import-not-at-top
+      files.write_text(os.path.join(pointer, POINTER_FILE),
+                       json.dumps({"model_dir": self._model_dir, "step": int(step)}))
       self._report(metrics, checkpoint=Checkpoint.from_directory(pointer))
     except BaseException:
       shutil.rmtree(pointer, ignore_errors=True)
@@ -248,9 +249,9 @@ def checkpoint_dir(checkpoint) -> str:
   plain orbax; its model_dir is what trainer.run(..., mode="eval") and a resume take.
   UserError if the pointer is not distloop's or the step is gone (checkpoint.max_to_keep
   removed it, or the run ended before that save was committed)."""
-  from trainer.state import buckets  # pylint: disable=g-import-not-at-top
-  from trainer.state import mirror  # pylint: disable=g-import-not-at-top
-  from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
+  from trainer.store import object_stores  # pylint: disable=g-import-not-at-top
+  from trainer.store import mirror  # pylint: disable=g-import-not-at-top
+  from trainer.store import model_dir as layout  # pylint: disable=g-import-not-at-top
   with checkpoint.as_directory() as directory:
     path = os.path.join(directory, POINTER_FILE)
     if not os.path.isfile(path):
@@ -258,10 +259,10 @@ def checkpoint_dir(checkpoint) -> str:
                       f"distloop's ray_train.train_loop")
     with open(path, encoding="utf-8") as f:
       pointer = json.load(f)
-  if buckets.is_url(pointer["model_dir"]):  # committed: its marker is in the bucket
+  if object_stores.is_url(pointer["model_dir"]):  # committed: its marker is in the bucket
     step_dir = f"{pointer['model_dir'].rstrip('/')}/checkpoints/{pointer['step']}"
-    bucket = buckets.open_bucket(step_dir, "a Ray checkpoint")
-    present = bucket.read(f"{buckets.parse(step_dir)[2]}/{mirror.COMMIT_MARKER}") is not None
+    bucket = object_stores.open_bucket(step_dir, "a Ray checkpoint")
+    present = bucket.read(f"{object_stores.parse(step_dir)[2]}/{mirror.COMMIT_MARKER}") is not None
   else:
     step_dir = os.path.join(layout.checkpoint_dir(pointer["model_dir"]), str(pointer["step"]))
     present = os.path.isdir(step_dir)
@@ -315,31 +316,18 @@ def wait_for_writer(model_dir: str, seconds: float = _WRITER_WAIT_SECONDS) -> No
   """Waits until no process holds model_dir's writer lock. After a failure Ray kills the
   old group and starts a new one without waiting for the old processes to be gone: the
   old chief may still hold the lock for a moment (the kernel drops it when it dies)."""
-  import fcntl  # pylint: disable=g-import-not-at-top
-  from trainer.state import model_dir as layout  # pylint: disable=g-import-not-at-top
-  path = layout.lock_path(model_dir)
+  from trainer.store import files  # pylint: disable=g-import-not-at-top
+  from trainer.store import model_dir as layout  # pylint: disable=g-import-not-at-top
   deadline = time.monotonic() + seconds
   said = False
-  while True:
-    try:
-      fd = os.open(path, os.O_RDONLY)
-    except OSError:
-      return  # no lock file: nobody holds it (acquire says what else is wrong)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-      return
-    except BlockingIOError:
-      if time.monotonic() > deadline:
-        return  # acquire refuses it, naming the holder
-      if not said:
-        logging.info("waiting for the writer lock of %s (a previous attempt's chief "
-                      "still ending?)", model_dir)
-        said = True
-      time.sleep(0.5)
-    except OSError:
-      return
-    finally:
-      os.close(fd)
+  while files.held(layout.lock_path(model_dir)):
+    if time.monotonic() > deadline:
+      return  # acquire refuses it, naming the holder
+    if not said:
+      logging.info("waiting for the writer lock of %s (a previous attempt's chief "
+                   "still ending?)", model_dir)
+      said = True
+    time.sleep(0.5)
 
 
 def _numbers(result) -> dict:

@@ -346,7 +346,7 @@ def test_a_lease_released_while_the_next_trainer_waits_loses_no_step(gcs_store, 
   removing from the bucket the step the other committed meanwhile (to its stale copy that
   step looked like one retention dropped). The lease's logic is the same for both stores:
   one is enough."""
-  from trainer.state import lease, mirror  # pylint: disable=g-import-not-at-top
+  from trainer.store import lease, mirror  # pylint: disable=g-import-not-at-top
   store, url = gcs_store, gcs_store.new_url("handover")
   disk = tmp_path / "disk"
   train_ok(disk, *_FLAGS, "--config.train.steps=25")

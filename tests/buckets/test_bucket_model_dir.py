@@ -532,10 +532,10 @@ def test_a_killed_holders_lease_is_taken_over_after_lease_seconds(object_store, 
 
 def _mirror(url: str, local):
   """A Mirror of `url` (a trainer's view of it), its bucket client made in this process."""
-  from trainer.state import buckets, mirror  # pylint: disable=import-outside-toplevel
-  _, _, prefix = buckets.parse(url)
+  from trainer.store import object_stores, mirror  # pylint: disable=import-outside-toplevel
+  _, _, prefix = object_stores.parse(url)
   os.makedirs(local, exist_ok=True)
-  return mirror.Mirror(url, buckets.open_bucket(url), prefix, str(local))
+  return mirror.Mirror(url, object_stores.open_bucket(url), prefix, str(local))
 
 
 def _expired_lease(store, url: str, lease_seconds: float = 1.0) -> None:
@@ -549,7 +549,7 @@ def test_two_simultaneous_takeovers_of_an_expired_lease_one_wins(in_process, tmp
   exactly one holds it and the other is refused naming it (one compare-and-swap of the
   same version succeeds). Catches a takeover by a plain write (both win)."""
   from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
-  from trainer.state.lease import BucketLease  # pylint: disable=import-outside-toplevel
+  from trainer.store.lease import BucketLease  # pylint: disable=import-outside-toplevel
   url = in_process.new_url("run")
   mirrors = [_mirror(url, tmp_path / f"trainer{i}") for i in range(2)]
   for round_ in range(4):
@@ -591,15 +591,15 @@ def _taken_over(store, tmp_path):
   cut off from the store (its renewals fail), had its lease taken over after
   lease_seconds (1 s). Each holder has a local metrics.csv and the bucket holds the new
   holder's."""
-  from trainer.state import buckets  # pylint: disable=import-outside-toplevel
-  from trainer.state.lease import BucketLease  # pylint: disable=import-outside-toplevel
+  from trainer.store import object_stores  # pylint: disable=import-outside-toplevel
+  from trainer.store.lease import BucketLease  # pylint: disable=import-outside-toplevel
   url = store.new_url("run")
   old_mirror = _mirror(url, tmp_path / "old")
   new_mirror = _mirror(url, tmp_path / "new")
   old = BucketLease.acquire(old_mirror, 1.0)
 
   def cut_off(*args, **kwargs):
-    raise buckets.BucketError(f"cannot write {url}/.lock: connection refused", permanent=False)
+    raise object_stores.BucketError(f"cannot write {url}/.lock: connection refused", permanent=False)
 
   old_mirror.bucket.replace = cut_off  # its renewals fail from now on
   new = BucketLease.acquire(new_mirror, 1.0)  # waits ~1 s, then takes over

@@ -27,12 +27,12 @@ def in_process(object_store, monkeypatch, tmp_path):
 
 def _mirror(url: str, local, env: dict | None = None):
   """A trainer's view of `url`: its own client (made with `env`, else this process's)."""
-  from trainer.state import buckets, mirror
+  from trainer.store import object_stores, mirror
   saved = {name: os.environ.get(name) for name in env or {}}
   os.environ.update(env or {})
   try:
     os.makedirs(local, exist_ok=True)
-    return mirror.Mirror(url, buckets.open_bucket(url), buckets.parse(url)[2], str(local))
+    return mirror.Mirror(url, object_stores.open_bucket(url), object_stores.parse(url)[2], str(local))
   finally:
     for name, value in saved.items():
       if value is None:
@@ -60,9 +60,9 @@ def test_an_outage_is_ridden_out_up_to_the_bound_then_one_line(in_process, monke
   was retried. Catches S3 giving up within about a second (botocore's retry quota, 500
   tokens a client, spent by the retries of requests in flight: 35 of the 40 writes
   failed), while docs/scaling-out.md and GCS said 120 s."""
-  from trainer.state import buckets
+  from trainer.store import object_stores
   url = in_process.new_url("run")
-  bucket = buckets.open_bucket(url)
+  bucket = object_stores.open_bucket(url)
   in_process.stop()
   threading.Timer(5, in_process.start).start()
   with concurrent.futures.ThreadPoolExecutor(40) as pool:
@@ -74,7 +74,7 @@ def test_an_outage_is_ridden_out_up_to_the_bound_then_one_line(in_process, monke
   monkeypatch.setenv("DISTLOOP_BUCKET_RETRY_SECONDS", "1")
   in_process.stop()
   try:
-    with pytest.raises(buckets.BucketError) as raised:
+    with pytest.raises(object_stores.BucketError) as raised:
       bucket.write("run/past-the-bound", b"never")
   finally:
     in_process.start()
@@ -97,8 +97,8 @@ def test_a_holder_cut_off_at_its_commit_writes_nothing_after_its_deadline(in_pro
   client libraries retried for up to 120 s: its commit marker landed after the taker
   had finished, a marker with no files)."""
   from trainer.errors import StorageError
-  from trainer.state import mirror
-  from trainer.state.lease import BucketLease
+  from trainer.store import mirror
+  from trainer.store.lease import BucketLease
   store = in_process
   url = store.new_url("run")
   holder_mirror = _mirror(url, tmp_path / "holder", store.side_env)  # the side way in
@@ -140,7 +140,7 @@ def test_a_commit_marker_without_its_files_is_no_step(in_process, tmp_path):
   of the old kind (one line, no list) and no checkpoint metadata: only step 20 is
   staged, and the next commit removes steps 10 and 30 from the bucket. Catches a marker
   alone taken for a step (restored, kept, resumed from)."""
-  from trainer.state import mirror
+  from trainer.store import mirror
   store = in_process
   url = store.new_url("run")
   writer = _mirror(url, tmp_path / "writer")
@@ -167,7 +167,7 @@ def test_a_deleted_lease_is_said_deleted(in_process, tmp_path, monkeypatch):
   could not be renewed); its release writes nothing. Catches S3's NoSuchKey (a PutObject
   If-Match on no object) killing the renewal thread with a traceback."""
   from trainer.errors import StorageError
-  from trainer.state.lease import BucketLease
+  from trainer.store.lease import BucketLease
   crashed = []
   monkeypatch.setattr(threading, "excepthook", crashed.append)
   url = in_process.new_url("run")

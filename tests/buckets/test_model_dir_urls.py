@@ -1,5 +1,5 @@
 """A model_dir (or checkpoint.init_from) given as a URL: gs:// and s3:// are buckets
-distloop writes (trainer/state/buckets.py, mirror.py; tests/buckets/test_bucket_model_dir.py);
+distloop writes (trainer/store/object_stores.py, mirror.py; tests/buckets/test_bucket_model_dir.py);
 any other scheme is refused before anything runs, in one line naming the FUSE route.
 Without the refusal a URL is a relative path: `hdfs://nn/run` would train into
 ./hdfs:/nn/run, a half-working path."""

@@ -6,7 +6,7 @@
 - an excerpt's lines are in the file it names;
 - a command not run here names a config that exists (test_docs checks its flags and fields);
 - the names the docs give distloop's outputs are the code's: the model_dir's files and
-  folders (trainer/state/model_dir.py), the exit codes (trainer/errors.py) and the value
+  folders (trainer/store/model_dir.py), the exit codes (trainer/errors.py) and the value
   names a Task's step may not return (trainer/loop/step_values.py).
 Reads text and source; imports no TensorFlow."""
 import ast
@@ -75,7 +75,7 @@ def _page(name: str) -> str:
 def test_the_model_dir_table_names_what_the_code_writes():
   """Both ways: a path the table lists that the layout lacks, and a file or folder the
   layout has that the table leaves out."""
-  layout = _constants("trainer/state/model_dir.py")
+  layout = _constants("trainer/store/model_dir.py")
   written = {*layout["_DIRECTORIES"], *layout["_FILES"], layout["LOCK_NAME"]}
   section = _page("monitoring.md").split("## Outputs in model_dir", 1)[1]
   documented = {path.split("/")[0] for path in re.findall(r"^\| `([^`]+)` \|", section, re.M)}

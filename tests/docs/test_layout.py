@@ -59,15 +59,17 @@ def test_imports_inside_input_pipelines_point_one_way():
 
 
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
-# else in one of nine places, named for its job (docs/layout.md).
+# else in one of twelve places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}
-_PLACES = ("cli", "verify", "inspect", "loop", "supervised", "state", "task", "setup", "cluster")
+_PLACES = ("cli", "verify", "inspect", "loop", "reporters", "supervised", "state", "analysis", "task",
+           "setup", "cluster", "store")
 # Who may import whom inside trainer/: a place imports only the places after it in this
 # order (and itself); errors.py is everyone's. trainer/api.py stands over loop/ and
 # under cli/. The supervised Task is one Task among others: over the contract (task/) and
 # what is saved (state/); what a Task holds is keyed in state/, over the contract it walks.
 # verify/ and inspect/ are commands that look at a job from outside, over everything.
-_LAYERS = ("cli", "verify", "inspect", "api", "loop", "supervised", "state", "task", "setup", "cluster", "errors")
+_LAYERS = ("cli", "verify", "inspect", "api", "loop", "reporters", "supervised", "state", "analysis",
+           "task", "setup", "cluster", "store", "errors")
 
 
 def test_trainer_top_level_holds_only_the_api_and_its_places():
@@ -165,3 +167,58 @@ def test_no_module_of_trainer_is_over_450_lines():
   long = {str(path.relative_to(REPO)): count for path in sorted((REPO / "trainer").rglob("*.py"))
           if (count := len(path.read_text().splitlines())) > 450}
   assert not long
+
+
+# What only the store (trainer/store/files.py, writer_lock.py, mirror.py) may do: a
+# rename, a lock, a file opened for writing. Anywhere else it is a second writer with
+# its own guarantees (no fsync, no one-line StorageError, never in the bucket).
+_STORE_ONLY_CALLS = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move"),
+                     ("fcntl", "flock"), ("fcntl", "lockf")}
+
+
+def _writes_outside_the_store(path: pathlib.Path) -> list[str]:
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.Call):
+      continue
+    function = node.func
+    if (isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name)
+        and (function.value.id, function.attr) in _STORE_ONLY_CALLS):
+      found.append(f"{function.value.id}.{function.attr} (line {node.lineno})")
+    elif isinstance(function, ast.Name) and function.id == "open":
+      mode = node.args[1] if len(node.args) > 1 else next(
+          (keyword.value for keyword in node.keywords if keyword.arg == "mode"), None)
+      if mode is not None and not (isinstance(mode, ast.Constant)
+                                   and not set(str(mode.value)) & set("wax+")):
+        found.append(f"open for writing (line {node.lineno})")
+    elif (isinstance(function, ast.Attribute) and function.attr == "open"
+          and isinstance(function.value, ast.Name) and function.value.id == "os"
+          and any(isinstance(flag, ast.Attribute) and flag.attr in ("O_WRONLY", "O_RDWR",
+                                                                     "O_CREAT", "O_APPEND")
+                  for argument in node.args[1:2] for flag in ast.walk(argument))):
+      found.append(f"os.open for writing (line {node.lineno})")
+  return found
+
+
+def test_only_the_store_renames_locks_or_opens_a_file_for_writing():
+  """Every file distloop writes goes through trainer/store/: one atomic writer, one lock."""
+  offenders = {}
+  for path in sorted((REPO / "trainer").rglob("*.py")):
+    relative = path.relative_to(REPO / "trainer")
+    if relative.parts[0] == "store":
+      continue
+    found = _writes_outside_the_store(path)
+    if found:
+      offenders[f"trainer/{relative}"] = found
+  assert not offenders
+
+
+def test_the_store_rule_sees_each_kind_of_write(tmp_path):
+  """The check above can fail: each way of writing, planted in a module, is found."""
+  module = tmp_path / "planted.py"
+  module.write_text("import fcntl, os, shutil\n"
+                    "os.replace('a', 'b')\nos.rename('a', 'b')\nshutil.move('a', 'b')\n"
+                    "fcntl.flock(0, fcntl.LOCK_EX)\nopen('a', 'w')\nopen('a', mode='ab')\n"
+                    "open('a', 'r+')\nos.open('a', os.O_WRONLY | os.O_CREAT)\n"
+                    "open('a')\nopen('a', 'rb')\nos.open('a', os.O_RDONLY)\n")
+  assert len(_writes_outside_the_store(module)) == 8

@@ -144,7 +144,7 @@ BUCKET_SHAPES = ("1",)
 # same checkpoint files: on a bucket with DISTLOOP_FULL_MATRIX=1).
 BUCKET_WORKLOADS = ("cnn", "variable_length") + (("contrastive",) if FULL_MATRIX else ())
 BUCKET_CHECKS = ("sigterm", "sigkill", "eval", "export")
-# The rerun after a SIGKILL waits out the dead holder's writer lease (trainer/state/lease.py):
+# The rerun after a SIGKILL waits out the dead holder's writer lease (trainer/store/lease.py):
 # 2 s, not the default 60.
 BUCKET_FLAGS = ("--config.checkpoint.lease_seconds=2",)
 # The step whose upload the SIGKILL cuts short on a bucket (steps 30-35 on disk).
@@ -168,7 +168,7 @@ def complete_steps(model_dir) -> list[int]:
 
 def committed_steps(store, url: str) -> list[int]:
   """The steps of a bucket model_dir that count: those whose commit marker is there
-  (trainer/state/mirror.py writes it after the step's files)."""
+  (trainer/store/mirror.py writes it after the step's files)."""
   return sorted(int(name.split("/")[0]) for name in store.list(f"{url}/checkpoints")
                 if re.fullmatch(r"\d+/commit_success\.txt", name))
 

@@ -35,7 +35,7 @@ from tests.support.cli import FASHION_MNIST_DIR, REPO, run_trainer, train_ok, us
 from tests.support.processes import TrainerProcess, loopback_only, needs_loopback, read_checkpoint
 from trainer.errors import UserError
 from trainer.state import elastic
-from trainer.state import replica_dependence
+from trainer.analysis import replica_dependence
 from trainer.task import randomness
 
 _MIRRORED = "--config.runtime.strategy=mirrored"

@@ -14,7 +14,7 @@ import configs
 import trainer
 from trainer.errors import UserError
 from trainer.loop import step_values
-from trainer.state import model_dir as layout
+from trainer.store import files
 
 
 def _config(steps_=2, **data):
@@ -174,6 +174,6 @@ def test_a_non_finite_eval_value_is_null_in_summary_json_and_said_in_the_log(tmp
 
 
 def test_every_json_file_is_strict_json():
-  text = layout.json_text({"a": float("inf"), "b": [1.0, float("nan")], "c": {"d": -math.inf},
+  text = files.json_text({"a": float("inf"), "b": [1.0, float("nan")], "c": {"d": -math.inf},
                            "e": np.float64(2.5).item()}, "x.json")
   assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2.5}

@@ -111,7 +111,7 @@ CATALOGUE = [
     Mutation(
         name="writer_lock_shared",
         plants="the model_dir lock is a shared flock: two trainers may write one model_dir",
-        file="trainer/state/writer_lock.py",
+        file="trainer/store/writer_lock.py",
         old="fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
         new="fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
         slice=("tests/state/test_one_writer.py::test_lock_unit",)),
@@ -358,7 +358,7 @@ CATALOGUE = [
         plants="a step's commit marker goes into the bucket among its files (orbax's own "
                "commit_success.txt, uploaded in os.walk order), not after them: a kill "
                "mid-upload leaves a step that counts without its files",
-        file="trainer/state/mirror.py",
+        file="trainer/store/mirror.py",
         old="    self.push_tree(step_dir, skip=(marker,))\n",
         new="    self.push_tree(step_dir)\n",
         slice=("tests/guarantees/test_matrix.py::test_sigkill_resume_equals_uninterrupted["
@@ -367,7 +367,7 @@ CATALOGUE = [
         name="bucket_pull_ignores_the_marker",
         plants="staging a bucket model_dir takes every step it holds, a step without its "
                "commit marker (an upload cut short) included",
-        file="trainer/state/mirror.py",
+        file="trainer/store/mirror.py",
         old="      committed = {step for step, names in files.items()\n"
             "                   if f\"{directory}/{step}/{COMMIT_MARKER}\" in names}\n",
         new="      committed = set(files)\n",
@@ -379,7 +379,7 @@ CATALOGUE = [
         plants="a lease holder's writes are retried for the whole retry bound, not only "
                "until its lease could be taken over: cut off at its commit, it puts its "
                "marker in the bucket after another trainer took over",
-        file="trainer/state/buckets.py",
+        file="trainer/store/object_stores.py",
         old="      writer = self.writer if write else None\n",
         new="      writer = None\n",
         slice=("tests/buckets/test_bucket_retries.py::test_a_holder_cut_off_at_its_commit_"
@@ -402,8 +402,8 @@ CATALOGUE = [
         plants="progress.json is written with sorted keys: a resumed run's records take "
                "another column for their label, and their manifest other bytes",
         file="trainer/state/predictions.py",
-        old="    json.dump(value, f, indent=1)  # key order kept: the columns are in order\n",
-        new="    json.dump(value, f, indent=1, sort_keys=True)\n",
+        old="  files.write_json(path, value, indent=1, sort_keys=False, **where)  # the columns in order\n",
+        new="  files.write_json(path, value, indent=1, sort_keys=True, **where)\n",
         slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
                "and_redoes_the_rest",)),
     Mutation(
@@ -419,10 +419,12 @@ CATALOGUE = [
         plants="progress.json names a chunk before its Parquet file is renamed into place: "
                "a kill between them leaves a committed chunk without its file",
         file="trainer/state/predictions.py",
-        old="      os.replace(_temporary(parquet_path), parquet_path)\n"
-            "      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))\n",
-        new="      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))\n"
-            "      os.replace(_temporary(parquet_path), parquet_path)\n",
+        old="      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
+            "      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
+            "                  what=what, where=self.directory)\n",
+        new="      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
+            "                  what=what, where=self.directory)\n"
+            "      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n",
         slice=("tests/state/test_predictions_folder.py::test_a_kill_inside_the_commit_window_"
                "leaves_no_chunk_named_before_its_files[2]",)),
     Mutation(

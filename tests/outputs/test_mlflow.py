@@ -138,7 +138,7 @@ def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
   import threading  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from trainer.cluster import preemption  # pylint: disable=import-outside-toplevel
-  from trainer.loop import mlflow_log  # pylint: disable=import-outside-toplevel
+  from trainer.reporters import mlflow_log  # pylint: disable=import-outside-toplevel
 
   released = threading.Event()
 

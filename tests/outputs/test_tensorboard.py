@@ -97,11 +97,11 @@ def test_profile_window_writes_a_trace(tensorboard):
 
 
 def test_a_row_of_scalars_is_what_tensorboards_own_scalar_summaries_hold():
-  """One event per row (trainer/loop/summaries.py) holds, value for value, the bytes of
+  """One event per row (trainer/reporters/summaries.py) holds, value for value, the bytes of
   TensorBoard's scalar_pb for each tag: the Scalars tab reads them as tf.summary.scalar's."""
   from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
   from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
-  from trainer.loop import summaries  # pylint: disable=import-outside-toplevel
+  from trainer.reporters import summaries  # pylint: disable=import-outside-toplevel
   row = {"loss": 0.25, "accuracy": 1.0, "learning_rate": 1e-3, "examples_per_sec": 12345.6,
          "diverged": float("inf"), "beyond_float32": -1e39, "nan": float("nan"),
          "tiny": 1e-45, "r\u00e9sum\u00e9/\u4e2d": 0.1}

@@ -14,7 +14,7 @@ from tests.support.cli import REPO, train_ok
 from tests.support.processes import assert_same_state, checkpoint_arrays
 from trainer.errors import UserError
 from trainer.state import config_changes
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 
 _BATCH, _WINDOW = 32, 8
 _EPOCH = 4 * _WINDOW * _BATCH  # four windows: 32 global batches

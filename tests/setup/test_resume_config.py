@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.cli import run_trainer, train_ok
 from trainer.state import config_changes
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 from trainer.errors import UserError
 
 _FLAGS = ["--config=synthetic", "--config.train.steps_per_loop=2",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.cli import REPO, run_trainer
 from trainer.errors import UserError
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 
 _FLAGS = ["--config=synthetic", "--config.model.conv_filters=4", "--config.model.dense_units=8",
           "--config.train.steps=60", "--config.train.global_batch_size=16",

@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.cli import run_trainer, train_ok
 from tests.support.processes import TrainerProcess, checkpoint_arrays
-from trainer.state import model_dir as layout
-from trainer.state import writer_lock
+from trainer.store import model_dir as layout
+from trainer.store import writer_lock
 from trainer.errors import UserError
 
 _FLAGS = ["--config=synthetic", "--config.train.global_batch_size=48",

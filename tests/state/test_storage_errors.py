@@ -199,7 +199,7 @@ def test_a_full_disk_at_the_tensorboard_close_of_a_failing_run_is_a_warning(tmp_
   """The run's close after another error (a failed save, a preemption: exit 42) must not
   put a TensorBoard line (exit 1) in that error's place; a close of its own reports it."""
   from trainer.errors import StorageError  # pylint: disable=g-import-not-at-top
-  from trainer.loop import summaries  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from trainer.reporters import summaries  # pylint: disable=g-import-not-at-top  (TensorFlow)
   model_dir = tmpfs(tmp_path / "run", "64k")
   closed = []
   for quiet in (True, False):

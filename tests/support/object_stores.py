@@ -605,7 +605,7 @@ def in_this_process(store, monkeypatch, tmp_path):
   """A fixture's body: `store`'s environment (its proxy) in this process, a trainer's
   staging folders under tmp_path, removed after."""
   import tempfile  # pylint: disable=import-outside-toplevel
-  from trainer.state import mirror  # pylint: disable=import-outside-toplevel
+  from trainer.store import mirror  # pylint: disable=import-outside-toplevel
   for name, value in store.env.items():
     monkeypatch.setenv(name, value)
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

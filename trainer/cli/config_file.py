@@ -30,8 +30,8 @@ from configs.files import resolve
 from configs.files import ConfigFileError
 from configs.files import load
 from input_pipelines.native_output import native_startup_silenced
-from trainer.state import mirror
-from trainer.state import model_dir as layout
+from trainer.store import mirror
+from trainer.store import model_dir as layout
 from trainer.setup import module_names
 from trainer.errors import UserError
 
@@ -68,7 +68,7 @@ def choose(argv: list[str]) -> tuple[list[str], str]:
 
 def _stage_model_dir(argv: list[str]) -> None:
   """A gs:// or s3:// --model_dir becomes its local staging directory in `argv`
-  (trainer/state/mirror.py), before its config.json is looked for there; UserError
+  (trainer/store/mirror.py), before its config.json is looked for there; UserError
   (as a ConfigFileError: exit 2) for a URL that cannot be used."""
   index, model_dir = _flag_value(argv, "model_dir")
   if not model_dir:

@@ -6,7 +6,7 @@ TensorFlow's C++ log (harmless internal messages even at ERROR level) show only 
 A TF_CPP_MIN_LOG_LEVEL set by the user is respected.
 
 A checkpoint write that fails for lack of space or permission is reported by
-the trainer as one line (trainer/state/storage.py); orbax's own error records about
+the trainer as one line (trainer/store/storage.py); orbax's own error records about
 it (tracebacks from its background threads) and tensorstore's late asyncio
 callbacks ("Event loop is closed") are hidden unless --verbosity=1.
 """

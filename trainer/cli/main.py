@@ -29,8 +29,9 @@ from trainer.cli import logs
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.loop import progress
-from trainer.state import mirror
-from trainer.state import model_dir as layout
+from trainer.store import files
+from trainer.store import mirror
+from trainer.store import model_dir as layout
 from trainer.setup import epochs
 from trainer import errors
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_PREEMPTED
@@ -125,11 +126,11 @@ def _run(config, model_dir: str, mode: str, checkpoint_step: int | None = None) 
     else:
       _log_summary(result, model_dir)
   elif mode == "eval":
-    print(layout.json_text(result, "the eval result"))
+    print(files.json_text(result, "the eval result"))
   elif mode == "export":
     print(mirror.display(result))  # a bucket's export by its URL, not the staging path
   elif mode == "predict":
-    print(layout.json_text(result, "the predictions' summary"))
+    print(files.json_text(result, "the predictions' summary"))
   return EXIT_OK
 
 

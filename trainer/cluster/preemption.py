@@ -218,7 +218,7 @@ def bounded(function: Callable, *args, what: str, limit_seconds: float,
   does not return within `grace_seconds` of a signal, or within `limit_seconds` (0: no
   limit). A thread left behind may go on running: the caller ends the process or stops
   using what it called (it holds no lock of the caller's). User Actions (3 s of grace:
-  trainer/loop/boundary.py) and MLflow requests (none: trainer/loop/mlflow_log.py)
+  trainer/loop/boundary.py) and MLflow requests (none: trainer/reporters/mlflow_log.py)
   both run through here."""
   outcome = {}
 

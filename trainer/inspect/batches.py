@@ -9,7 +9,8 @@ import ml_collections
 import numpy as np
 
 from trainer.errors import UserError
-from trainer.state import model_dir as layout
+from trainer.store import files
+from trainer.store import model_dir as layout
 
 
 @dataclasses.dataclass
@@ -32,11 +33,11 @@ def _history(model_dir: str) -> list[tuple[int, dict]]:
   found = []
   for name in names:
     match = re.search(r"_step(\d+)\.json$", name)
-    config = layout.read_json(os.path.join(directory, name))
+    config = files.read_json(os.path.join(directory, name))
     if config is not None:
       found.append((int(match.group(1)) if match else 0, config))
   if not found:
-    config = layout.read_json(layout.config_path(model_dir))
+    config = files.read_json(layout.config_path(model_dir))
     if config is None:
       raise UserError(f"{model_dir} holds no config.json: not a model_dir distloop trained")
     found.append((0, config))

@@ -58,7 +58,7 @@ class Assembly:
   state: TaskState
   train_sums: steps.Sums
   eval_sums: steps.Sums
-  train_loop: Callable
+  train_loop: Callable | None  # None in a mode that does not train
   device_decode: Callable | None
   on_accelerator: bool
 
@@ -103,12 +103,14 @@ def assemble(config, strategy: tf.distribute.Strategy, coordinator, task: Task, 
 
   train_sums, eval_sums = _traced_sums(config, strategy, coordinator, task, state,
                                        step_context, (features_spec, labels_spec),
-                                       fuse_whole_step)
+                                       fuse_whole_step, training=not read_only)
   if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
       and not read_only and config.checkpoint.best_metric not in eval_sums.names):
     raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not "
                     f"reported by the eval step (choose from: "
                     f"{', '.join(eval_sums.names) or 'none: the task has no eval_step'})")
+  if read_only:  # eval, continuous_eval, predict, export: no train step traced or compiled
+    return Assembly(state, train_sums, eval_sums, None, device_decode, on_accelerator)
   replica_step = steps.make_replica_step(task, train_sums, step_context, decode=device_decode,
                                          fuse_whole_step=fuse_whole_step)
   if coordinator:
@@ -140,8 +142,9 @@ def train_state(config, model_dir: str, task: Task, state: TaskState, strategy, 
       strategy_dependence=state.strategy_dependence(config.runtime.deterministic))
 
 def _traced_sums(config, strategy, coordinator, task, state, step_context, batch_spec,
-                 fuse_whole_step) -> tuple[steps.Sums, steps.Sums]:
-  """What the train and eval steps return, by name: each traced once, nothing runs."""
+                 fuse_whole_step, *, training: bool) -> tuple[steps.Sums, steps.Sums]:
+  """What the train and eval steps return, by name: each traced once, nothing runs. A
+  mode that does not train traces the eval step alone (its train sums name nothing)."""
   replica_batch = config.train.global_batch_size // (
       1 if coordinator else strategy.num_replicas_in_sync)
   train_spec = tf.nest.map_structure(
@@ -156,7 +159,7 @@ def _traced_sums(config, strategy, coordinator, task, state, step_context, batch
     replicas = None if coordinator else strategy  # the coordinator reads the servers
     train_names, norms, train_scalars = user_code.traced(lambda: steps.discover(
         traced_train_step, train_spec, "train_step", replicas, state.check_step,
-        lengths_must_be_static=fuse_whole_step), task)
+        lengths_must_be_static=fuse_whole_step), task) if training else ([], {}, [])
     eval_names, _, _ = user_code.traced(lambda: steps.discover(  # a static batch: lengths checked
         lambda batch: (autograph_scope.user_function(task.eval_step)(batch), {}), train_spec,
         "eval_step", replicas, state.check_step), task)

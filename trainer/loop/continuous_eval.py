@@ -34,7 +34,7 @@ from typing import Callable
 from absl import logging
 
 from trainer.errors import Preempted, UserError
-from trainer.state import mirror
+from trainer.store import mirror
 
 # A step that retention is deleting can fail the shape check (its metadata gone first)
 # and look like another model's; it is one only if it is still there this much later.

@@ -36,19 +36,20 @@ from trainer.errors import Preempted, StorageError
 from trainer.loop import actions as actions_module
 from trainer.loop import assembly
 from trainer.loop import digests
-from trainer.loop import metrics_log
-from trainer.loop import mlflow_log
+from trainer.reporters import metrics_log
+from trainer.reporters import mlflow_log
 from trainer.loop import profiling
 from trainer.loop import progress
-from trainer.loop import summaries
+from trainer.reporters import summaries
 from trainer.loop import value_checks
 from trainer.loop.batches import TrainBatches, dropped_off_the_main_thread
 from trainer.loop.boundary import (BoundaryWork, Loop, LoopBoundary, ProgressReport,
                                    UserActionGuard, metrics_line)
 from trainer.loop.serving import Serving
 from trainer.setup import epochs
-from trainer.state import mirror
-from trainer.state import model_dir as layout
+from trainer.store import files
+from trainer.store import mirror
+from trainer.store import model_dir as layout
 from trainer.state.train_state import Position
 from trainer.task import user_code
 
@@ -262,7 +263,7 @@ class Trainer:
       summary["stopped_early_by"] = stopped_by
     self._phases.at_phase("summary", self._boundary(position.step, train_metrics, trained))
     if self.is_chief:
-      layout.write_json(layout.summary_path(self.model_dir), summary)
+      files.write_json(layout.summary_path(self.model_dir), summary)
       layout.write_finished(self.model_dir, position.step, total, stopped_by=stopped_by)
     self.summaries.close()
     self.metrics_log.close()

@@ -19,6 +19,7 @@ import numpy as np
 
 from trainer.loop.actions import Action
 from trainer.state import keys
+from trainer.store import files
 
 ENV = "DISTLOOP_DIGESTS"
 FILE = os.path.join("verify", "digests.jsonl")
@@ -49,11 +50,12 @@ def of_array(values: np.ndarray) -> dict:
 def _append(boundary) -> None:
   if not boundary.is_chief or boundary.state is None:
     return
-  path = os.path.join(boundary.model_dir, FILE)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
   line = json.dumps({"step": boundary.step, "variables": of_state(boundary.state)})
-  with open(path, "a") as f:
-    f.write(line + "\n")
+  appender = files.Appender(os.path.join(boundary.model_dir, FILE))
+  try:
+    appender.write(line + "\n")
+  finally:
+    appender.close()
 
 
 def read(model_dir) -> dict:

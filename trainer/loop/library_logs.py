@@ -2,13 +2,13 @@
 or a Ray worker, the launcher's processes): orbax logs a dozen per checkpoint and
 TensorFlow a few per export, through the same absl logger as distloop's progress lines.
 Their warnings and errors always show, except orbax's own records about a failed write
-(the trainer reports it in one line: trainer/state/storage.py)."""
+(the trainer reports it in one line: trainer/store/storage.py)."""
 import logging as std_logging
 import os
 
 from absl import logging
 
-from trainer.state import storage
+from trainer.store import storage
 
 _LIBRARY_PATHS = ("/orbax/", "/tensorflow/", "/keras/", "/jax/", "/etils/")
 # distloop's own files are never a library's, wherever the checkout lives (~/keras/distloop).

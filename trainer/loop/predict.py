@@ -36,8 +36,8 @@ from trainer.cluster import preemption
 from trainer.errors import Preempted, UserError
 from trainer.state import config_changes
 from trainer.state import export
-from trainer.state import mirror
-from trainer.state import model_dir as layout
+from trainer.store import mirror
+from trainer.store import model_dir as layout
 from trainer.state import predictions
 from trainer.task import user_code
 from trainer.task.contexts import PredictContext

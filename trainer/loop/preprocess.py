@@ -22,7 +22,7 @@ import tensorflow as tf
 from input_pipelines import batching
 from input_pipelines.sources import Source
 from trainer.setup import plugins
-from trainer.state import stateful_ops
+from trainer.analysis import stateful_ops
 
 FIELD = "data.preprocess"
 

@@ -13,7 +13,7 @@ from typing import Callable
 from absl import logging
 
 from trainer.state import export
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 
 
 class Serving:

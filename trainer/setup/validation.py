@@ -4,7 +4,7 @@
 the code that acts on it. Pure Python (no TensorFlow import), so a bad value fails in a
 fraction of a second with one line that names the field and the value. Checks that need
 the runtime (batch divisible by the replica count) live in trainer/cluster/runtime.py;
-checkpoint.init_from, which needs its bucket staged, in trainer/state/model_dir.py.
+checkpoint.init_from, which needs its bucket staged, in trainer/store/model_dir.py.
 """
 import ast
 import importlib.util
@@ -390,12 +390,12 @@ FIELDS = {
     "checkpoint.early_stop_min_delta": (_non_negative, "trainer/loop/boundary.py"),
     "checkpoint.best_metric": (_best_metric, "trainer/state/train_state.py"),
     # Staged and read where it acts (trainer/api.py check_config calls it after these).
-    "checkpoint.init_from": (None, "trainer/state/model_dir.py"),
+    "checkpoint.init_from": (None, "trainer/store/model_dir.py"),
     "checkpoint.init_partial": (_init_partial, "trainer/state/train_state.py"),
     "checkpoint.if_unreadable": (_among(IF_UNREADABLE), "trainer/state/train_state.py"),
     "checkpoint.async_save": (None, "trainer/state/train_state.py"),
     "checkpoint.allow_other_trajectory": (None, "trainer/state/elastic.py"),
-    "checkpoint.lease_seconds": (_positive, "trainer/state/lease.py"),
+    "checkpoint.lease_seconds": (_positive, "trainer/store/lease.py"),
 
     "runtime.strategy": (_among(STRATEGIES), "trainer/cluster/runtime.py"),
     "runtime.num_cpu_devices": (_positive, "trainer/cluster/runtime.py"),
@@ -412,6 +412,6 @@ FIELDS = {
     "runtime.jit_compile": (_among(("auto", "true", "false")), "trainer/cluster/runtime.py"),
     "runtime.variable_partitioner": (lambda config, _: _variable_partitioner(config.runtime),
                                      "trainer/cluster/sharding.py"),
-    "runtime.mlflow_uri": (_mlflow, "trainer/loop/mlflow_log.py"),
-    "runtime.mlflow_experiment": (None, "trainer/loop/mlflow_log.py"),
+    "runtime.mlflow_uri": (_mlflow, "trainer/reporters/mlflow_log.py"),
+    "runtime.mlflow_experiment": (None, "trainer/reporters/mlflow_log.py"),
 }

@@ -33,9 +33,10 @@ import numpy as np  # pylint: disable=wrong-import-position
 import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer.cluster import sharding  # pylint: disable=wrong-import-position
-from trainer.state import mirror  # pylint: disable=wrong-import-position
-from trainer.state import model_dir as layout  # pylint: disable=wrong-import-position
-from trainer.state import storage  # pylint: disable=wrong-import-position
+from trainer.store import files  # pylint: disable=wrong-import-position
+from trainer.store import mirror  # pylint: disable=wrong-import-position
+from trainer.store import model_dir as layout  # pylint: disable=wrong-import-position
+from trainer.store import storage  # pylint: disable=wrong-import-position
 from trainer.state import write_echoes  # pylint: disable=wrong-import-position
 from trainer.errors import StorageError, UserError  # pylint: disable=wrong-import-position
 
@@ -247,12 +248,10 @@ class Checkpoints:
       return None
     destination = os.path.join(layout.corrupt_checkpoint_dir(os.path.dirname(self.directory)),
                                f"{step}.{time.strftime('%Y%m%dT%H%M%S')}")
-    os.makedirs(os.path.dirname(destination), exist_ok=True)
     self._settled()
-    shutil.move(os.path.join(self.directory, str(step)), destination)
+    files.move(os.path.join(self.directory, str(step)), destination)  # to the bucket too
     self._manager.reload()
-    if self._bucket is not None:  # kept in the bucket too, then the step is no longer one
-      self._bucket.push_tree(destination)
+    if self._bucket is not None:  # then the step is no longer one in the bucket
       self._bucket.forget_steps(self.directory)
     return destination
 
@@ -298,7 +297,7 @@ class Checkpoints:
 def remove_temporaries(directory: str) -> list[str]:
   """Removes the unfinished `<step>.orbax-checkpoint-tmp*` steps a killed save left.
 
-  Only the lock holder calls this (trainer/state/writer_lock.py): another live writer's
+  Only the lock holder calls this (trainer/store/writer_lock.py): another live writer's
   temporaries would be its saves in flight. Returns the names removed.
   """
   try:
@@ -336,8 +335,8 @@ def _temporaries_signature(directory: str) -> tuple:
   for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
     if _TEMPORARY not in name:
       continue
-    for parent, _, files in os.walk(os.path.join(directory, name)):
-      for file in files:
+    for parent, _, names in os.walk(os.path.join(directory, name)):
+      for file in names:
         try:
           info = os.stat(os.path.join(parent, file))
         except OSError:

@@ -63,8 +63,9 @@ import uuid
 
 from absl import logging
 
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 from trainer.errors import UserError
+from trainer.store import files
 
 _MUTABLE_SECTIONS = ("train", "eval", "predict", "checkpoint", "runtime")
 _FIXED_FIELDS = {
@@ -101,7 +102,7 @@ def check(model_dir: str, config_dict: dict, may_change=None) -> None:
   recorded, where = _recorded(model_dir)
   if recorded is None:
     return
-  copy = layout.read_json(layout.config_path(model_dir))
+  copy = files.read_json(layout.config_path(model_dir))
   new = _plain(_flat(config_dict))  # as the record holds it (JSON: a tuple is a list)
   for field, before in sorted(recorded.items()):
     after = new.get(field, _MISSING)
@@ -304,7 +305,7 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
         return recorded["fixed"], path
       if isinstance(meta.get("config"), dict):
         return fixed_fields(meta["config"]), path
-  copy = layout.read_json(layout.config_path(model_dir))
+  copy = files.read_json(layout.config_path(model_dir))
   if isinstance(copy, dict):
     return fixed_fields(copy), layout.config_path(model_dir)
   return None, ""

@@ -18,7 +18,7 @@ import glob
 import os
 
 from trainer.errors import UserError
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 
 ALLOW_FLAG = "--config.checkpoint.allow_other_trajectory=true"
 

@@ -18,8 +18,6 @@ probe batch), shorter and longer along every dimension that varies in the data
 export that is not the model (a signature fixed at one length) is refused in one
 line (`check_served`), never written.
 """
-import os
-import shutil
 
 import keras
 import numpy as np
@@ -29,8 +27,8 @@ from input_pipelines import autograph_scope
 from trainer.cluster import sharding
 from trainer.errors import Preempted, UserError
 from trainer.task import user_code
-from trainer.state import mirror
-from trainer.state import storage
+from trainer.store import files
+from trainer.store import storage
 
 # Served = the model's outputs, relative to max(1, |output|): the graph and the eager
 # call may order sums apart (oneDNN fusions, cuDNN's choice of algorithm), units of the
@@ -114,25 +112,23 @@ def export_saved_model(served, destination: str, before_write=None, examples=Non
   serving = _Serving(model, served.output_name, served.transform or tf.identity)
   function = tf.function(serving.serve, input_signature=[input_spec])
   signatures = {"serving_default": function.get_concrete_function()}
-  temporary = destination + ".tmp"
-  shutil.rmtree(temporary, ignore_errors=True)
+  staged = destination + ".tmp"  # the exporter writes a folder; the store commits it
+  needed_bytes = sum(int(getattr(w, "nbytes", 0)) for w in weights)
+  files.discard(staged)
   try:
     if before_write is not None:
       before_write()
-    tf.saved_model.save(serving, temporary, signatures=signatures)
-    check_served(temporary, serving, input_spec, examples, features_spec)
-    os.replace(temporary, destination)
+    tf.saved_model.save(serving, staged, signatures=signatures)
+    check_served(staged, serving, input_spec, examples, features_spec)
   except Exception as e:  # pylint: disable=broad-except  (OSError or a TensorFlow OpError)
+    files.discard(staged)
     if storage.reason(e) is None:
-      shutil.rmtree(temporary, ignore_errors=True)
       raise
-    shutil.rmtree(temporary, ignore_errors=True)
     raise storage.failure("the SavedModel export", destination, e,
-                          needed_bytes=sum(int(getattr(w, "nbytes", 0)) for w in weights)
-                          ) from None
-  bucket = mirror.of(destination)
-  if bucket is not None:  # saved_model.pb last: an upload cut short is no SavedModel
-    bucket.push_tree(destination, last=("saved_model.pb",))
+                          needed_bytes=needed_bytes) from None
+  # saved_model.pb last in a bucket: an upload cut short is no SavedModel
+  files.commit(staged, destination, what="the SavedModel export", needed_bytes=needed_bytes,
+               last=("saved_model.pb",))
 
 
 def _plain_copy(served, input_spec):

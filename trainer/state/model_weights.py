@@ -11,8 +11,8 @@ import os
 import numpy as np
 
 from trainer.state import checkpoints
-from trainer.state import mirror
-from trainer.state import model_dir as layout
+from trainer.store import mirror
+from trainer.store import model_dir as layout
 from trainer.errors import UserError
 
 

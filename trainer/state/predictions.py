@@ -26,7 +26,6 @@ SHA-256 it recorded (else the chunk, damaged, and those after it are scored agai
 """
 from collections.abc import Callable
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -36,8 +35,9 @@ import numpy as np
 
 from input_pipelines.records import manifest as records_manifest
 from input_pipelines.records import shards
-from trainer.errors import UserError
-from trainer.state import storage
+from trainer.errors import StorageError, UserError
+from trainer.store import files
+from trainer.store import storage
 
 FORMAT = "distloop-predictions/1"
 PROGRESS = "progress.json"
@@ -82,6 +82,8 @@ class Output:
     inputs = self.inputs(first, end)  # the source's rows read again (its errors, not ours)
     name = f"part-{index:05d}-of-{self.num_chunks:05d}"
     parquet_path = os.path.join(self.directory, PARQUET, f"{name}.parquet")
+    committed = f"rows 0..{first - 1} are committed" if first else "no row is committed yet"
+    what = f"chunk {index} of the predictions (rows {first}..{end - 1}; {committed})"
     try:
       parquet = _stage_parquet(parquet_path, columns)
       records = _write_records(os.path.join(self.directory, RECORDS,
@@ -90,15 +92,17 @@ class Output:
       entry = {"rows": int(len(rows)), "input": inputs, "parquet": parquet,
                "records": records, "columns": _column_specs(columns)}
       # The commit: the files in place first, then progress.json names them.
-      os.replace(_temporary(parquet_path), parquet_path)
-      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]))
+      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)
+      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),
+                  what=what, where=self.directory)
+    except StorageError:  # the store's one line (exit 1)
+      _remove_uncommitted(self)
+      raise
     except (OSError, RuntimeError, ValueError) as e:  # a full disk: one line (exit 1)
       if storage.reason(e) is None:
         raise
       _remove_uncommitted(self)
-      committed = f"rows 0..{first - 1} are committed" if first else "no row is committed yet"
-      raise storage.failure(f"chunk {index} of the predictions (rows {first}..{end - 1}; "
-                            f"{committed})", self.directory, e) from None
+      raise storage.failure(what, self.directory, e) from None
     self.chunks.append(entry)
     return entry
 
@@ -248,16 +252,9 @@ def _check_identity(directory: str, found: dict, wanted: dict) -> None:
 
 
 def _lock(directory: str) -> int:
-  path = os.path.join(directory, ".lock")
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    os.close(fd)
-    raise UserError(f"predict.output={directory} is being written by another "
-                    f"--mode=predict; wait for it to end, or choose another "
-                    f"predict.output") from None
-  return fd
+  return files.lock(os.path.join(directory, ".lock"),
+                    f"predict.output={directory} is being written by another --mode=predict; "
+                    f"wait for it to end, or choose another predict.output")
 
 
 def _remove_uncommitted(output: Output) -> None:
@@ -303,8 +300,7 @@ def _stage_parquet(path: str, columns: dict) -> dict:
                            metadata={"shape": json.dumps(list(array.shape[1:]))}))
   table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
   temporary = _temporary(path)
-  pq.write_table(table, temporary, compression="zstd")
-  _fsync(temporary)
+  pq.write_table(table, temporary, compression="zstd")  # fsynced by the commit
   return {"file": os.path.basename(path), "bytes": os.path.getsize(temporary),
           "sha256": shards.file_sha256(temporary)}
 
@@ -341,21 +337,8 @@ def _temporary(path: str) -> str:
   return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
 
 
-def _fsync(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def _write_json(path: str, value: dict) -> None:
-  temporary = _temporary(path)
-  with open(temporary, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1)  # key order kept: the columns are in order
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(temporary, path)
+def _write_json(path: str, value: dict, **where) -> None:
+  files.write_json(path, value, indent=1, sort_keys=False, **where)  # the columns in order
 
 
 def _read_json(path: str) -> dict:

@@ -22,8 +22,8 @@ import tensorflow as tf
 from trainer.state import keys
 from trainer.task import loss_scale as loss_scales
 from trainer.task import optimizers as optimizer_rules
-from trainer.state import replica_dependence
-from trainer.state import stateful_ops
+from trainer.analysis import replica_dependence
+from trainer.analysis import stateful_ops
 from trainer.errors import UserError
 
 _GENERATORS = (tf.random.Generator, keras.random.SeedGenerator)  # state: one variable
@@ -172,7 +172,7 @@ class TaskState:
 
   def replica_dependence(self, deterministic: bool) -> list[str]:
     """In words, what makes this task's trajectory depend on the replica count
-    (trainer/state/replica_dependence.py): unsynchronized BatchNorm layers; randomness
+    (trainer/analysis/replica_dependence.py): unsynchronized BatchNorm layers; randomness
     drawn per replica, under `deterministic` (otherwise no draw is per example, and no
     number is promised)."""
     return [*self._unsynchronized_batchnorm,

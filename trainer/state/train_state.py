@@ -37,7 +37,7 @@ from trainer.state import checkpoints
 from trainer.state import config_changes
 from trainer.state import elastic
 from trainer.state import keys
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 from trainer.state import model_weights
 from trainer.state import write_echoes
 

@@ -10,7 +10,7 @@ threads and finalizers we do not call:
 - tensorstore, finishing a write, wakes the closed loop with
   `loop.call_soon_threadsafe` and reports the RuntimeError as unraisable.
 
-The failure itself reaches the CLI as one StorageError line (trainer/state/storage.py).
+The failure itself reaches the CLI as one StorageError line (trainer/store/storage.py).
 `quiet()` drops exactly these echoes; any other unraisable error or asyncio log
 record, including a never-retrieved error that is not a storage failure, still prints.
 
@@ -26,7 +26,7 @@ import sys
 import traceback
 
 from input_pipelines.native_output import stderr_captured  # noqa: F401  (fd 2, held)
-from trainer.state import storage
+from trainer.store import storage
 
 
 _failed_reads = set()  # step directories whose failed reads may still echo

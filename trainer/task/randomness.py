@@ -14,7 +14,7 @@ for bit, and on one replica nothing changes. Draws of any other shape (RandomCro
 offset per batch) are the same on every replica already. Cost: each replica draws the
 global batch's numbers, N times its own (docs/performance.md).
 
-trainer/state/replica_dependence.py names the random ops of a traced step that were not drawn this
+trainer/analysis/replica_dependence.py names the random ops of a traced step that were not drawn this
 way (a `tf.random.Generator`, `StepContext.seed()`, `keras.random.shuffle`): an elastic
 resume of such a Task is refused (trainer/state/elastic.py).
 """
@@ -24,7 +24,7 @@ import threading
 import tensorflow as tf
 
 # Draws distloop knows to be per replica carry this in their ops' names (the step's graph
-# is checked: trainer/state/replica_dependence.py); a draw with a state (the kernel's, or
+# is checked: trainer/analysis/replica_dependence.py); a draw with a state (the kernel's, or
 # a Generator's variable) is per replica whatever its name.
 PER_REPLICA_SCOPE = "distloop_per_replica"
 

@@ -17,6 +17,7 @@ import time
 
 from trainer.verify import checks as checks_module
 from trainer.verify import report
+from trainer.store import files
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -107,18 +108,18 @@ def main(argv: list[str]) -> int:
             f"{'was refused' if refused else 'failed'}: {e.line}")
       print(f"verify: {said}", file=sys.stderr)
       if known.json:
-        with open(known.json, "w") as f:
-          f.write(report.as_json([], flags=list(config_flags), holds=False,
-                                 **{"refused" if refused else "failed": e.line}) + "\n")
+        files.write_text(known.json, report.as_json(
+            [], flags=list(config_flags), holds=False,
+            **{"refused" if refused else "failed": e.line}) + "\n", what="--json")
       return EXIT_BAD_INPUT if refused else EXIT_DIFFERS
     print(report.table(checks), flush=True)
     seconds = time.monotonic() - started
     print(f"verify: {len(checks)} checks in {seconds:.0f} s", file=sys.stderr)
     if known.json:
-      with open(known.json, "w") as f:
-        f.write(report.as_json(checks, flags=list(config_flags), steps=known.steps,
-                               shapes=list(shapes), workers=known.workers,
-                               seed=known.seed, seconds=round(seconds, 1)) + "\n")
+      files.write_text(known.json, report.as_json(
+          checks, flags=list(config_flags), steps=known.steps, shapes=list(shapes),
+          workers=known.workers, seed=known.seed, seconds=round(seconds, 1)) + "\n",
+          what="--json")
     return EXIT_OK if all(check.holds is not False for check in checks) else EXIT_DIFFERS
   finally:
     if not known.keep and not known.scratch:

@@ -51,7 +51,7 @@ import time
 from typing import Callable
 
 from trainer.loop import digests
-from trainer.state import model_dir as layout
+from trainer.store import model_dir as layout
 from trainer.verify import judging, processes
 # What the guarantee harness and report.py read here (tests/guarantees/test_matrix.py).
 from trainer.verify.judging import (  # noqa: F401

@@ -2,7 +2,7 @@
 its trajectory depends on the replica count, and an elastic resume is refused."""
 from tests.guarantees.workload import SGD, Workload, refused_on_two_replicas, served_batchnorm
 
-# What the refusal of an elastic resume names (trainer/state/replica_dependence.py), and why.
+# What the refusal of an elastic resume names (trainer/analysis/replica_dependence.py), and why.
 REFUSAL = "BatchNormalization 'bn' (unsynchronized"
 _REPLICAS = ("BatchNormalization normalizes each replica's own share in training "
              "(Keras synchronized=False)")

@@ -50,7 +50,7 @@ class LayerAndGenerator(Counter):
             "accuracy": tf.cast(tf.argmax(logits, -1) == labels, tf.float32)}
 
 
-# What the refusal of an elastic resume names (trainer/state/replica_dependence.py), and why.
+# What the refusal of an elastic resume names (trainer/analysis/replica_dependence.py), and why.
 REFUSAL = "randomness drawn per replica"
 _REPLICAS = "a tf.random.Generator draws another stream on each replica"
 

@@ -13,13 +13,13 @@ and this one exits 2 naming it; not renewed for lease_seconds (by the store's cl
 or by this process's own watch, whichever comes first), it is taken over with the same
 compare-and-swap, and said in one line. Two takeovers racing swap the same version:
 one wins, the other then sees a live holder and exits 2. A holder checks its lease
-before each checkpoint commit (trainer/state/mirror.py): one whose lease was taken
+before each checkpoint commit (trainer/store/mirror.py): one whose lease was taken
 over, or that could not renew it for lease_seconds, stops writing (exit 1).
 
 The holder's lease could be taken over from its `deadline()` on: the moment it sent its
 last successful renewal, plus lease_seconds (the store saw the renewal after it was sent,
 so a taker's count starts later). Each of the holder's writes is tried no later than that
-(buckets.Bucket.writer): a holder cut off mid-write, whose store comes back after another
+(object_stores.Bucket.writer): a holder cut off mid-write, whose store comes back after another
 trainer took over, writes nothing more.
 """
 import json
@@ -32,7 +32,7 @@ import uuid
 from absl import logging
 
 from trainer.errors import StorageError, UserError
-from trainer.state import buckets
+from trainer.store import object_stores
 
 LOCK_NAME = ".lock"
 _STAMP_SECONDS = 1.0  # the coarsest store clock's step (S3's Last-Modified)
@@ -126,7 +126,7 @@ class BucketLease:
       except BaseException:
         try:
           mirror.bucket.delete(mirror.key(os.path.join(mirror.local, LOCK_NAME)), version)
-        except buckets.BucketError:
+        except object_stores.BucketError:
           pass  # it expires
         raise
     return cls(mirror, version, record, lease_seconds, sent)
@@ -159,7 +159,7 @@ class BucketLease:
     try:
       version = self.mirror.bucket.replace(self.key, json.dumps(record).encode(),
                                            self._version)
-    except buckets.BucketError as e:
+    except object_stores.BucketError as e:
       if e.permanent:
         raise
       logging.warning("could not renew the writer lease %s (%s): trying again", self.path, e)
@@ -176,7 +176,7 @@ class BucketLease:
     """What the lease object says of a lease this process may no longer hold (a read)."""
     try:
       found = self.mirror.bucket.read_versioned(self.key)
-    except buckets.BucketError:
+    except object_stores.BucketError:
       return self._not_renewed()
     if found is None:
       return "it was deleted (by hand, or by a trainer that took it over and ended)"
@@ -195,7 +195,7 @@ class BucketLease:
 
   def check(self) -> None:
     """StorageError unless this process still holds the lease: before each commit, and
-    before each try of each write (buckets.Bucket.writer)."""
+    before each try of each write (object_stores.Bucket.writer)."""
     if self._lost is None and time.monotonic() >= self.deadline():
       self._lost = self._not_renewed()
     if self._lost is not None:

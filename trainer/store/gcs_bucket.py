@@ -1,10 +1,10 @@
-"""Google Cloud Storage as a bucket model_dir (trainer/state/buckets.py says what a
+"""Google Cloud Storage as a bucket model_dir (trainer/store/object_stores.py says what a
 `Bucket` does and how its requests are retried): google-cloud-storage, the `gcs` extra,
 its own retries off (`retry=None`), preconditions by generation (`ifGenerationMatch`)."""
 import os
 
 from trainer.errors import StorageError, UserError
-from trainer.state.buckets import (CONNECT_SECONDS, Bucket, BucketError,
+from trainer.store.object_stores import (CONNECT_SECONDS, Bucket, BucketError,
                                    first_line)
 
 

@@ -7,7 +7,7 @@ makes atomic: an object is written whole (a reader sees the old object or the ne
 one, never half), and a write can carry a precondition (GCS `ifGenerationMatch`, S3
 `If-None-Match: *` / `If-Match: <etag>`): `create` (only if absent) and `replace`
 (only if unchanged since read) are what the writer lease is built on
-(trainer/state/lease.py).
+(trainer/store/lease.py).
 
 Configuration is the client libraries' own, nothing of distloop's: application-default
 credentials and `STORAGE_EMULATOR_HOST` (GCS), the AWS credential chain and
@@ -80,10 +80,10 @@ def open_bucket(url: str, what: str = "--model_dir") -> "Bucket":
   scheme, bucket, _ = parse(url, what)
   try:
     if scheme == "gs":
-      from trainer.state import gcs_bucket  # pylint: disable=g-import-not-at-top  (the extra's)
+      from trainer.store import gcs_bucket  # pylint: disable=g-import-not-at-top  (the extra's)
       made = gcs_bucket.GcsBucket(bucket)
     else:
-      from trainer.state import s3_bucket  # pylint: disable=g-import-not-at-top  (the extra's)
+      from trainer.store import s3_bucket  # pylint: disable=g-import-not-at-top  (the extra's)
       made = s3_bucket.S3Bucket(bucket)
   except ImportError:
     raise UserError(f"{what}={url}: {_LIBRARY[scheme]} is not installed: pip install "
@@ -99,7 +99,7 @@ class Bucket:
 
   def __init__(self, name: str):
     self.name = name
-    # The writer lease held on this bucket (trainer/state/lease.py), if any: its
+    # The writer lease held on this bucket (trainer/store/lease.py), if any: its
     # `deadline()` (time.monotonic) bounds each write's tries, its `check()` raises past it.
     self.writer = None
 

@@ -32,9 +32,10 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from trainer.errors import StorageError
-from trainer.state import mirror
-from trainer.state import model_dir as layout
-from trainer.state import storage
+from trainer.store import files
+from trainer.store import mirror
+from trainer.store import model_dir as layout
+from trainer.store import storage
 
 _SAMPLE_IMAGES = 8
 # What tf.summary.scalar attaches: TensorBoard's Scalars tab shows the value.
@@ -105,7 +106,6 @@ class Summaries:
       self._drop_writers()
       self._enabled = True
     bucket = mirror.of(self.root)
-    rewritten = False
     for split in ("train", "eval"):
       directory = os.path.join(self.root, split)
       with self._storage_failures(split):
@@ -113,9 +113,8 @@ class Summaries:
           bucket.pull_logs(directory)
         for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
           if name.startswith("events.out.tfevents."):
-            rewritten |= _drop_events_past(os.path.join(directory, name), step)
-    if rewritten and bucket is not None:
-      bucket.push_logs()
+            _drop_events_past(os.path.join(directory, name), step,
+                              f"the TensorBoard {split} events")
 
   def scalars(self, split: str, step: int, values: dict) -> None:
     """Keeps this step's scalars; writes what is kept once a second at most."""
@@ -231,7 +230,7 @@ def looks_like_images(features) -> bool:
           and (features.dtype.is_floating or features.dtype == tf.uint8))
 
 
-def _drop_events_past(path: str, step: int) -> bool:
+def _drop_events_past(path: str, step: int, what: str) -> bool:
   """Rewrites the event file `path` without its events past `step` (and a record cut
   short at its end: a killed writer's), if it has any; whether it did. A TFRecord is
   `length (8 bytes), its CRC (4), data, the data's CRC (4)`: the records kept are
@@ -251,10 +250,7 @@ def _drop_events_past(path: str, step: int) -> bool:
     at = end
   if not past:
     return False
-  temporary = os.path.join(os.path.dirname(path), ".restarting")  # no reader takes it for events
-  with open(temporary, "wb") as f:
-    f.write(b"".join(kept))
-  os.replace(temporary, path)
+  files.write_bytes(path, b"".join(kept), what=what)  # whole, and to the bucket
   return True
 
 

@@ -20,12 +20,12 @@
                         (continuous_eval, the evaluator task: the final step is this one);
                         one that cannot be parsed, or whose step has no checkpoint, is
                         refused (exit 2: `finished_record`)
-  .lock                 held by the writing trainer (trainer/state/writer_lock.py)
+  .lock                 held by the writing trainer (trainer/store/writer_lock.py)
 
 A model_dir on a bucket (`gs://`, `s3://`) has this layout too, in objects: the run
-works in a local staging copy and trainer/state/mirror.py puts each finished piece in
+works in a local staging copy and trainer/store/mirror.py puts each finished piece in
 the bucket (a checkpoint step counts once its `commit_success.txt` is there); the
-lock is a lease (trainer/state/lease.py). `check_location` refuses other schemes.
+lock is a lease (trainer/store/lease.py). `check_location` refuses other schemes.
 `check_layout` refuses (exit 2, before anything is written) a model_dir where one
 of these paths is something else (`checkpoints` a file, `.lock` a directory, a
 symbolic link loop); `check_writable` finds a read-only directory at start-up (exit 2,
@@ -33,16 +33,15 @@ as the writer lock finds a model_dir that cannot be created or written at all), 
 the first save after the training.
 """
 import json
-import math
 import os
 import tempfile
 import time
 
-from absl import logging
 
-from trainer.state import buckets
-from trainer.state import mirror
-from trainer.state import storage
+from trainer.store import files
+from trainer.store import mirror
+from trainer.store import object_stores
+from trainer.store import storage
 from trainer.errors import StorageError, UserError
 
 LOCK_NAME = ".lock"
@@ -57,9 +56,9 @@ _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "expor
 def check_location(path: str, what: str = "--model_dir") -> None:
   """UserError for a URL distloop cannot write: a scheme other than gs:// and s3://
   (`hdfs://`, `az://`; a plain os.makedirs would create a local directory named
-  `hdfs:`), or no bucket name. gs:// and s3:// are staged (trainer/state/mirror.py)."""
-  if buckets.is_url(path):
-    buckets.parse(path, what)
+  `hdfs:`), or no bucket name. gs:// and s3:// are staged (trainer/store/mirror.py)."""
+  if object_stores.is_url(path):
+    object_stores.parse(path, what)
 
 
 def check_init_from(checkpoint_config) -> None:
@@ -146,7 +145,7 @@ def checkpoint_steps(model_dir: str) -> list[int]:
 def step_meta(model_dir: str, step: int) -> dict | None:
   """The meta of checkpoints/<step> (orbax's JsonSave of `<step>/meta/metadata`), read as
   plain JSON; None if it cannot be read."""
-  meta = read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
+  meta = files.read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
   return meta if isinstance(meta, dict) else None
 
 
@@ -200,7 +199,7 @@ def finished_path(model_dir: str) -> str:
 def write_finished(model_dir: str, step: int, train_steps: int, *,
                    stopped_by: str | None = None) -> None:
   """The run ended at `step` (the last write of a finished run)."""
-  write_json(finished_path(model_dir), {
+  files.write_json(finished_path(model_dir), {
       "step": step, "train_steps": train_steps,
       "reason": f"stopped by {stopped_by}" if stopped_by else "train.steps"})
 
@@ -309,13 +308,13 @@ def run_id_path(model_dir: str) -> str:
 
 def read_run_id(model_dir: str) -> str | None:
   """The run id run_id.json records; None if it is missing or holds none."""
-  record = read_json(run_id_path(model_dir))
+  record = files.read_json(run_id_path(model_dir))
   run_id = record.get("run_id") if isinstance(record, dict) else None
   return run_id if isinstance(run_id, str) and run_id else None
 
 
 def write_run_id(model_dir: str, run_id: str) -> None:
-  write_json(run_id_path(model_dir), {"run_id": run_id})
+  files.write_json(run_id_path(model_dir), {"run_id": run_id})
 
 
 def config_history_dir(model_dir: str) -> str:
@@ -332,76 +331,21 @@ def record_config(model_dir: str, config_dict: dict, step: int) -> None:
     entries = sorted(name for name in os.listdir(history) if name.endswith(".json"))
   except OSError:
     entries = []
-  previous = read_json(os.path.join(history, entries[-1])) if entries else None
+  previous = files.read_json(os.path.join(history, entries[-1])) if entries else None
   if not entries:
-    earlier = read_json(config_path(model_dir))
+    earlier = files.read_json(config_path(model_dir))
     if earlier is not None and earlier != config_dict:
       stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(os.path.getmtime(config_path(model_dir))))
-      write_json(os.path.join(history, f"{stamp}_earlier.json"), earlier)
+      files.write_json(os.path.join(history, f"{stamp}_earlier.json"), earlier)
       previous = earlier
-  write_json(config_path(model_dir), config_dict)  # first: a full disk leaves nothing else
+  files.write_json(config_path(model_dir), config_dict)  # first: a full disk leaves nothing else
   if previous != config_dict:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    write_json(os.path.join(history, f"{stamp}_step{step}.json"), config_dict)
-
-
-def read_json(path: str):
-  """The JSON at `path`; None if it is missing or not JSON."""
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def json_text(value, what: str, **options) -> str:
-  """`value` as strict JSON: a non-finite float (an eval value that is NaN) is written
-  as null, and said in the log (naming `what` and the key), never as bare NaN, which
-  no JSON parser but Python's reads."""
-  def finite(item, key):
-    if isinstance(item, float) and not math.isfinite(item):
-      logging.warning("%s: %s is %s (not finite); written as null", what, key, item)
-      return None
-    if isinstance(item, dict):
-      return {k: finite(v, f"{key}.{k}" if key else k) for k, v in item.items()}
-    if isinstance(item, (list, tuple)):
-      return [finite(v, f"{key}[{i}]") for i, v in enumerate(item)]
-    return item
-  return json.dumps(finite(value, ""), allow_nan=False, **options)
-
-
-def write_json(path: str, value: dict) -> None:
-  """Write-then-rename: readers never see half a file. A full disk or a denied
-  write raises StorageError (one line) and leaves the previous file as it was.
-  Strict JSON: a non-finite value is null (`json_text`)."""
-  temporary = path + ".tmp"
-  text = json_text(value, os.path.basename(path), indent=2, sort_keys=True) + "\n"
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(temporary, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())  # on disk before it is renamed into place (and before a quick exit)
-    os.replace(temporary, path)
-  except OSError as e:
-    if storage.reason(e) is None:
-      raise
-    try:
-      os.remove(temporary)
-    except OSError:
-      pass
-    raise storage.failure(os.path.basename(path), path, e, needed_bytes=len(text)) from None
-  bucket = mirror.of(path)
-  if bucket is not None:  # one object, written whole
-    bucket.push_file(path)
+    files.write_json(os.path.join(history, f"{stamp}_step{step}.json"), config_dict)
 
 
 def read_summary(model_dir: str) -> dict | None:
-  try:
-    with open(summary_path(model_dir)) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
+  return files.read_json(summary_path(model_dir))
 
 
 def finished_step(model_dir: str, total_steps: int, config_dict: dict) -> int | None:
@@ -417,10 +361,8 @@ def finished_step(model_dir: str, total_steps: int, config_dict: dict) -> int | 
                      and final_step(model_dir, total_steps) != summary.get("step")):
     return None  # short of train.steps, unless it stopped early there (finished.json)
   step = summary["step"]
-  try:
-    with open(config_path(model_dir)) as f:
-      previous = json.load(f)
-  except (OSError, ValueError):
+  previous = files.read_json(config_path(model_dir))
+  if not isinstance(previous, dict):
     return None
   if any(previous.get(section) != config_dict[section] for section in ("model", "data")):
     return None

@@ -1,4 +1,4 @@
-"""Amazon S3 (and S3-compatible stores) as a bucket model_dir (trainer/state/buckets.py
+"""Amazon S3 (and S3-compatible stores) as a bucket model_dir (trainer/store/object_stores.py
 says what a `Bucket` does and how its requests are retried): boto3, the `s3` extra,
 botocore's retries off (one attempt), preconditions by ETag (`If-None-Match: *`,
 `If-Match`)."""
@@ -9,7 +9,7 @@ import re
 import threading
 
 from trainer.errors import StorageError
-from trainer.state.buckets import (ATTEMPT_SECONDS, CONNECT_SECONDS, Bucket, BucketError,
+from trainer.store.object_stores import (ATTEMPT_SECONDS, CONNECT_SECONDS, Bucket, BucketError,
                                    first_line)
 
 

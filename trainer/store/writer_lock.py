@@ -23,10 +23,10 @@ import time
 
 from absl import logging
 
-from trainer.state import lease
-from trainer.state import mirror
-from trainer.state import model_dir as layout
-from trainer.state import storage
+from trainer.store import lease
+from trainer.store import mirror
+from trainer.store import model_dir as layout
+from trainer.store import storage
 from trainer.errors import UserError
 
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
@@ -44,8 +44,8 @@ class WriterLock:
   @classmethod
   def acquire(cls, model_dir: str, *, lease_seconds: float = 60.0):
     """Locks model_dir (creating it if needed); UserError naming the holder if it is held.
-    A bucket model_dir (staged: trainer/state/mirror.py) is locked by a lease instead
-    (trainer/state/lease.py: the same refusals, and a dead holder's lease expires)."""
+    A bucket model_dir (staged: trainer/store/mirror.py) is locked by a lease instead
+    (trainer/store/lease.py: the same refusals, and a dead holder's lease expires)."""
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
     bucket = mirror.of(model_dir)
     if bucket is not None:

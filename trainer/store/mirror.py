@@ -1,7 +1,7 @@
 """A model_dir on a bucket (gs://, s3://), staged on the local disk.
 
 Everything distloop writes goes first to a local staging directory, with the same
-layout as a model_dir on disk (trainer/state/model_dir.py), so orbax, TensorBoard's
+layout as a model_dir on disk (trainer/store/model_dir.py), so orbax, TensorBoard's
 writer and the SavedModel exporter work there as they do on any disk; this module
 then puts each finished piece in the bucket as whole objects, in an order that makes
 what is in the bucket always a model_dir that can be resumed:
@@ -16,7 +16,7 @@ what is in the bucket always a model_dir that can be resumed:
   a JSON file        one object (config.json, summary.json, finished.json, ...)
   an export          variables and assets first, `saved_model.pb` last: an export cut
                      short is no SavedModel at all
-  metrics.csv, TensorBoard's event files
+  metrics.csv, verify/digests.jsonl, TensorBoard's event files
                      whole objects, at each checkpoint and at the end; a resumed run
                      drops the rows past its step (metrics_log.restart_at) and writes
                      the file whole again, and drops the events past it from the event
@@ -29,7 +29,7 @@ The staging directory is a cache: a new machine starts from the bucket alone. Lo
 lines and errors name the bucket's URL, never the staging path (`display`).
 
 Only the holder of the writer lease writes checkpoints and logs
-(trainer/state/lease.py); each worker of a multi-worker job stages its own copy.
+(trainer/store/lease.py); each worker of a multi-worker job stages its own copy.
 """
 import atexit
 import concurrent.futures
@@ -43,11 +43,11 @@ import time
 
 from absl import logging
 
-from trainer.state import buckets
+from trainer.store import object_stores
 
 COMMIT_MARKER = "commit_success.txt"
 _STEP_DIRECTORIES = ("checkpoints", "checkpoints_best")
-_LOGS = ("metrics.csv",)
+_LOGS = ("metrics.csv", "verify/digests.jsonl")  # files that grow by whole lines
 _LOG_DIRECTORIES = ("tensorboard",)
 _DOWNLOADING = ".orbax-checkpoint-tmp-download"  # a name orbax and distloop skip as unfinished
 _UPLOADS = 8  # files of a step put in the bucket at once
@@ -59,7 +59,7 @@ _REMOVED_AT_EXIT: list = []  # remove_staging registered with atexit (once)
 class Mirror:
   """One bucket model_dir and its staging directory (`local`)."""
 
-  def __init__(self, url: str, bucket: buckets.Bucket, prefix: str, local: str):
+  def __init__(self, url: str, bucket: object_stores.Bucket, prefix: str, local: str):
     self.url = url.rstrip("/")
     self.bucket = bucket
     self.prefix = prefix
@@ -97,7 +97,7 @@ class Mirror:
     self._pull_steps(relatives)
     for relative in relatives:
       top, _, rest = relative.partition("/")
-      if not rest and relative != ".lock":  # a file of model_dir's own
+      if (not rest and relative != ".lock") or relative in _LOGS:  # a file of model_dir's own
         self._download(relative)
         if relative in _LOGS:  # as the bucket has it: put back only once changed here
           path = os.path.join(self.local, relative)
@@ -255,7 +255,7 @@ class Mirror:
           continue
         with open(path, "rb") as f:
           data = f.read()
-        if path.endswith(".csv"):  # whole rows only: the run may be appending one now
+        if os.path.relpath(path, self.local) in _LOGS:  # whole lines: one may be half appended
           data = data[:data.rfind(b"\n") + 1]
         self.bucket.write(self.key(path), data)
         self._pushed_logs[path] = signature
@@ -305,9 +305,9 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
   pulled from the bucket (the same one for the same URL in this process: pulled again
   if `fresh`). UserError for a URL distloop cannot use: another scheme, no bucket
   name, no such bucket, a denied credential."""
-  if not buckets.is_url(path):
+  if not object_stores.is_url(path):
     return path
-  scheme, name, prefix = buckets.parse(path, what)
+  scheme, name, prefix = object_stores.parse(path, what)
   url = f"{scheme}://{name}/{prefix}" if prefix else f"{scheme}://{name}"
   with _LOCK:
     for mirror in _MIRRORS.values():
@@ -315,16 +315,16 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
         if fresh:
           mirror.pull()
         return mirror.local
-    bucket = buckets.open_bucket(url, what)
+    bucket = object_stores.open_bucket(url, what)
     bucket.check(f"{what}={url}")
     local = tempfile.mkdtemp(prefix=f"distloop-{scheme}-{name}-")
     mirror = Mirror(url, bucket, prefix, local)
     try:
       mirror.pull()
-    except buckets.BucketError as e:
+    except object_stores.BucketError as e:
       shutil.rmtree(local, ignore_errors=True)
       if e.permanent:
-        raise buckets.UserError(f"{what}={url}: {e}") from None
+        raise object_stores.UserError(f"{what}={url}: {e}") from None
       raise
     if not _MIRRORS:
       logging.get_absl_logger().addFilter(_UrlsShown())
@@ -340,9 +340,9 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
 def staged_checkpoints(path: str, what: str) -> str:
   """A model_dir, its checkpoints/ or one checkpoints/<step> (checkpoint.init_from,
   load_weights), staged as `staged` does when it is a URL."""
-  if not buckets.is_url(path):
+  if not object_stores.is_url(path):
     return path
-  scheme, name, prefix = buckets.parse(path, what)
+  scheme, name, prefix = object_stores.parse(path, what)
   parts = prefix.split("/") if prefix else []
   tail = []
   if len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in _STEP_DIRECTORIES:

@@ -8,10 +8,12 @@ index="step", columns=["split", "name"], values="value")`. Exactly once per step
 purge_step does, so a step re-trained after a preemption is not logged twice.
 """
 import csv
+import io
 import os
 
-from trainer.state import model_dir as layout
-from trainer.state import storage
+from trainer.store import files
+from trainer.store import model_dir as layout
+from trainer.store import storage
 
 HEADER = ["step", "split", "name", "value"]
 
@@ -22,8 +24,7 @@ class MetricsLog:
   def __init__(self, model_dir: str, *, enabled: bool):
     self.path = layout.metrics_csv_path(model_dir)
     self._enabled = enabled
-    self._file = None  # open for appending while the run writes (flushed every write)
-    self._writer = None
+    self._rows = files.Appender(self.path)  # open while the run writes (flushed every write)
 
   def restart_at(self, step: int) -> None:
     """Keeps the rows up to `step` (the restored one); nothing to do for a fresh start."""
@@ -32,17 +33,7 @@ class MetricsLog:
     self.close()
     with open(self.path, newline="") as f:
       kept = [row for row in csv.reader(f) if _whole(row) and int(row[0]) <= step]
-    temporary = self.path + ".tmp"
-    try:
-      with open(temporary, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(HEADER)
-        writer.writerows(kept)
-      os.replace(temporary, self.path)
-    except OSError as error:
-      if os.path.exists(temporary):
-        os.remove(temporary)
-      raise self._failure(error) from None
+    files.write_text(self.path, _csv([HEADER, *kept]), what="metrics.csv")
 
   def last(self, split: str, step: int) -> dict:
     """{name: value} of the last `split` row at or before `step` ({} if none, or on a worker
@@ -62,33 +53,27 @@ class MetricsLog:
   def write(self, step: int, split: str, values: dict) -> None:
     if not self._enabled or not values:
       return
+    rows = [[step, split, name, repr(float(value))] for name, value in values.items()]
     try:
-      if self._file is None:  # opened once, not at every boundary (a tiny model has ~100/s)
-        new = not os.path.exists(self.path)
-        self._file = open(self.path, "a", newline="")  # pylint: disable=consider-using-with
-        self._writer = csv.writer(self._file)
-        if new:
-          self._writer.writerow(HEADER)
-      self._writer.writerows([step, split, name, repr(float(value))]
-                             for name, value in values.items())
-      self._file.flush()  # a crash loses no row the OS was given
+      self._rows.write(_csv([HEADER, *rows] if self._rows.is_new else rows))
     except OSError as error:
       self.close()
       raise self._failure(error) from None
 
   def close(self) -> None:
-    if self._file is not None:
-      file, self._file, self._writer = self._file, None, None
-      try:
-        file.close()
-      except OSError:
-        pass  # the rows were flushed; a failing close has nothing left to say
+    self._rows.close()
 
   def _failure(self, error: OSError) -> Exception:
     """A full disk or a denied write: the one line (StorageError); anything else as is."""
     if storage.reason(error) is None:
       return error
     return storage.failure("metrics.csv", self.path, error)
+
+
+def _csv(rows: list[list]) -> str:
+  text = io.StringIO()
+  csv.writer(text).writerows(rows)
+  return text.getvalue()
 
 
 def _whole(row: list[str]) -> bool:

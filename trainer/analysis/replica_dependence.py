@@ -11,7 +11,7 @@ resume of it is refused (trainer/state/elastic.py).
 """
 import keras
 
-from trainer.state import stateful_ops
+from trainer.analysis import stateful_ops
 from trainer.task import randomness
 
 _STATELESS_DRAWS = ("StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",

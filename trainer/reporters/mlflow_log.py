@@ -24,8 +24,9 @@ from absl import logging
 
 from trainer.cluster import preemption
 from trainer.errors import UserError
-from trainer.loop import summaries
-from trainer.state import mirror
+from trainer.reporters import summaries
+from trainer.store import files
+from trainer.store import mirror
 
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
@@ -95,12 +96,8 @@ class MlflowLog:
         self._client.log_batch(self._run_id, params=params[start:start + 100])
     except Exception as error:  # pylint: disable=broad-except  (any client or HTTP failure)
       raise self._unreachable(error) from None
-    with open(path + ".tmp", "w") as f:
-      json.dump({"tracking_uri": self._uri, "run_id": self._run_id}, f)
-    os.replace(path + ".tmp", path)
-    bucket = mirror.of(path)
-    if bucket is not None:
-      bucket.push_file(path)
+    files.write_text(path, json.dumps({"tracking_uri": self._uri, "run_id": self._run_id}),
+                     what="the MLflow run file")
     logging.info("MLflow: run %s in experiment %r at %s", self._run_id, self._experiment,
                  self._uri)
 

@@ -1,0 +1,224 @@
+"""The one way a file gets under model_dir: written whole, then renamed into place.
+
+Every writer in distloop (config.json and the other JSON files, metrics.csv's rewind,
+TensorBoard's rewound event files, the MLflow run file, the predictions' chunks and
+progress, the SavedModel export, verify's digests) calls this module; nothing else
+under trainer/ renames, locks or opens a file for writing (tests/docs/test_layout.py).
+What it promises, on every path:
+
+  - a reader sees the old file or the new one, never half of one: the bytes go to a
+    temporary beside the target, are fsynced, then renamed over it;
+  - a full disk or a denied write is a StorageError naming the path (one line, exit 1),
+    and the previous file is left as it was (the temporary is removed);
+  - in a bucket model_dir's staging folder the finished file (or folder) is put in the
+    bucket as a whole object (trainer/store/mirror.py), `last` naming what goes last;
+  - JSON is strict: a non-finite number is written as null, and said in the log.
+
+Appended files (metrics.csv, verify/digests.jsonl) go through `Appender`: each write
+flushed, whole rows pushed to the bucket at each checkpoint and at the end.
+"""
+import json
+import math
+import os
+
+from absl import logging
+
+from trainer.errors import UserError
+from trainer.store import mirror
+from trainer.store import storage
+
+
+def temporary(path: str) -> str:
+  """The temporary `path` is written to: hidden, beside it (the same file system, so the
+  rename is atomic). An event file's is not named like one: TensorBoard reads any file
+  whose name holds "tfevents", a half-written one too."""
+  name = os.path.basename(path)
+  hidden = ".restarting" if "tfevents" in name else f".{name}.tmp"
+  return os.path.join(os.path.dirname(path), hidden)
+
+
+def write_bytes(path: str, data: bytes, *, what: str | None = None,
+                where: str | None = None) -> None:
+  """`data` as the whole of `path` (see the module docstring); the one-line error says
+  `cannot write WHAT to WHERE` (default: the file's name, its path)."""
+  staged = temporary(path)
+  try:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(staged, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())  # on disk before it is renamed into place (and before a quick exit)
+    os.replace(staged, path)
+  except OSError as error:
+    _remove(staged)
+    if storage.reason(error) is None:
+      raise
+    raise storage.failure(what or os.path.basename(path), where or path, error,
+                          needed_bytes=len(data)) from None
+  _push(path)
+
+
+def write_text(path: str, text: str, *, what: str | None = None,
+               where: str | None = None) -> None:
+  write_bytes(path, text.encode("utf-8"), what=what, where=where)
+
+
+def write_json(path: str, value, *, what: str | None = None, where: str | None = None,
+               indent: int = 2, sort_keys: bool = True) -> None:
+  """`value` as strict JSON (`json_text`), one line feed at the end."""
+  name = what or os.path.basename(path)
+  write_text(path, json_text(value, name, indent=indent, sort_keys=sort_keys) + "\n",
+             what=name, where=where)
+
+
+def read_json(path: str):
+  """The JSON at `path`; None if it is missing or not JSON."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def json_text(value, what: str, **options) -> str:
+  """`value` as strict JSON: a non-finite float (an eval value that is NaN) is written
+  as null, and said in the log (naming `what` and the key), never as bare NaN, which
+  no JSON parser but Python's reads."""
+  def finite(item, key):
+    if isinstance(item, float) and not math.isfinite(item):
+      logging.warning("%s: %s is %s (not finite); written as null", what, key, item)
+      return None
+    if isinstance(item, dict):
+      return {k: finite(v, f"{key}.{k}" if key else k) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+      return [finite(v, f"{key}[{i}]") for i, v in enumerate(item)]
+    return item
+  return json.dumps(finite(value, ""), allow_nan=False, **options)
+
+
+def commit(staged: str, path: str, *, what: str, where: str | None = None,
+           needed_bytes: int | None = None, last: tuple[str, ...] = ()) -> None:
+  """A file or folder a library wrote at `staged` (the SavedModel exporter's, a Parquet
+  writer's) becomes `path`: fsynced, renamed into place, then put in the bucket (a
+  folder's files named in `last` after all the others: an upload cut short is no
+  SavedModel). On a full or denied disk `staged` is removed and a StorageError raised."""
+  try:
+    _fsync_tree(staged)
+    os.replace(staged, path)
+  except OSError as error:
+    discard(staged)
+    if storage.reason(error) is None:
+      raise
+    raise storage.failure(what, where or path, error, needed_bytes=needed_bytes) from None
+  bucket = mirror.of(path)
+  if bucket is None:
+    return
+  if os.path.isdir(path):
+    bucket.push_tree(path, last=last)
+  else:
+    bucket.push_file(path)
+
+
+def move(source: str, destination: str) -> None:
+  """A folder under model_dir set aside at `destination` (an unreadable checkpoint step),
+  kept whole: renamed on disk, and put in the bucket at its new place."""
+  os.makedirs(os.path.dirname(destination), exist_ok=True)
+  os.replace(source, destination)
+  bucket = mirror.of(destination)
+  if bucket is not None:
+    bucket.push_tree(destination)
+
+
+def discard(staged: str) -> None:
+  """A temporary (file or folder) that will not be committed."""
+  if os.path.isdir(staged) and not os.path.islink(staged):
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(staged, ignore_errors=True)
+  else:
+    _remove(staged)
+
+
+class Appender:
+  """A file under model_dir that grows by whole lines (metrics.csv, verify's digests):
+  opened once for appending, each write flushed (a crash loses no line the OS was
+  given). A bucket gets the file's whole lines with the logs (mirror.push_logs)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._file = None
+
+  @property
+  def is_new(self) -> bool:
+    return self._file is None and not os.path.exists(self.path)
+
+  def write(self, text: str) -> None:
+    if self._file is None:  # opened once, not at every boundary (a tiny model has ~100/s)
+      os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+      self._file = open(self.path, "a", newline="", encoding="utf-8")  # pylint: disable=consider-using-with
+    self._file.write(text)
+    self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      file, self._file = self._file, None
+      try:
+        file.close()
+      except OSError:
+        pass  # the lines were flushed; a failing close has nothing left to say
+
+
+def lock(path: str, refusal: str) -> int:
+  """An exclusive lock on the file `path` (created if missing), held until the returned
+  descriptor is closed or the process ends (the kernel drops it, even on SIGKILL); a
+  lock another process holds is refused with `refusal` (UserError, exit 2)."""
+  import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    raise UserError(refusal) from None
+  return fd
+
+
+def held(path: str) -> bool:
+  """Whether a process holds the lock on `path` now (a shared probe, released at once;
+  False if there is no such file)."""
+  import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return False
+  except BlockingIOError:
+    return True
+  except OSError:
+    return False
+  finally:
+    os.close(fd)
+
+
+def _push(path: str) -> None:
+  bucket = mirror.of(path)
+  if bucket is not None:  # one object, written whole
+    bucket.push_file(path)
+
+
+def _fsync_tree(path: str) -> None:
+  paths = [path] if not os.path.isdir(path) else [
+      os.path.join(parent, name) for parent, _, names in os.walk(path) for name in names]
+  for file in paths:
+    fd = os.open(file, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
