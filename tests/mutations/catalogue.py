@@ -410,7 +410,7 @@ CATALOGUE = [
         name="predictions_uncommitted_files_kept",
         plants="a rerun keeps the files of a chunk that a kill left uncommitted",
         file="trainer/state/predictions.py",
-        old="        os.remove(os.path.join(folder, name))\n",
+        old="        files.remove(os.path.join(folder, name))\n",
         new="        pass\n",
         slice=("tests/state/test_predictions_folder.py::test_a_rerun_keeps_committed_chunks_"
                "and_redoes_the_rest",)),
@@ -420,11 +420,13 @@ CATALOGUE = [
                "a kill between them leaves a committed chunk without its file",
         file="trainer/state/predictions.py",
         old="      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
+            "      files.published(os.path.join(self.directory, RECORDS, records[\"file\"]))\n"
             "      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
             "                  what=what, where=self.directory)\n",
         new="      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
             "                  what=what, where=self.directory)\n"
-            "      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n",
+            "      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
+            "      files.published(os.path.join(self.directory, RECORDS, records[\"file\"]))\n",
         slice=("tests/state/test_predictions_folder.py::test_a_kill_inside_the_commit_window_"
                "leaves_no_chunk_named_before_its_files[2]",)),
     Mutation(
@@ -541,4 +543,35 @@ CATALOGUE = [
         old="  for trained in range(anchor + 1, step):\n",
         new="  for trained in range(anchor + 1, step + 1):\n",
         slice=("tests/verify/test_inspect.py::test_inspect_names_the_rows_each_step_read[1]",)),
+    # -- the store and a loop per mode (issue 58) ------------------------------------------
+    Mutation(
+        name="bucket_predictions_not_fetched",
+        plants="a bucket's predictions folder is not fetched before it is read: another "
+               "source's predictions there are overwritten, a rerun scores every row again",
+        file="trainer/store/files.py",
+        old="    bucket.pull_tree(local)\n",
+        new="    pass\n",
+        slice=("tests/buckets/test_bucket_predict.py::test_predictions_in_a_bucket_are_the_"
+               "bytes_of_a_local_run[gs]",)),
+    Mutation(
+        name="bucket_records_shard_not_put",
+        plants="a predictions chunk's records shard is written in the staging folder and "
+               "never put in the bucket",
+        file="trainer/state/predictions.py",
+        old="      files.published(os.path.join(self.directory, RECORDS, records[\"file\"]))\n",
+        new="",
+        slice=("tests/buckets/test_bucket_predict.py::test_predictions_in_a_bucket_are_the_"
+               "bytes_of_a_local_run[s3]",)),
+    Mutation(
+        name="eval_modes_trace_the_train_step",
+        plants="--mode=eval, predict, export and continuous_eval trace the train step and "
+               "compile the train loop, as training does",
+        file="trainer/loop/assembly.py",
+        old="                                       fuse_whole_step, training=not read_only)\n",
+        new="                                       fuse_whole_step, training=True)\n",
+        also=(Edit("trainer/loop/assembly.py",
+               "  if read_only:  # eval, continuous_eval, predict, export: no train step traced or compiled\n",
+               "  if False:\n"),),
+        slice=("tests/loop/test_mode_builds_what_it_uses.py::test_a_mode_that_does_not_train_"
+               "builds_nothing_of_training[eval]",)),
 ]

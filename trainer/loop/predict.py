@@ -36,6 +36,7 @@ from trainer.cluster import preemption
 from trainer.errors import Preempted, UserError
 from trainer.state import config_changes
 from trainer.state import export
+from trainer.store import files
 from trainer.store import mirror
 from trainer.store import model_dir as layout
 from trainer.state import predictions
@@ -61,13 +62,6 @@ def refuse_what_cannot_be_predicted(trainer) -> None:
     raise UserError(f"--mode=predict needs a source that can be read by row; the "
                     f"{config.predict.split} split of data.name={config.data.name} is a "
                     f"tf.data stream (write it as records: python -m input_pipelines.convert)")
-  if "://" in config.predict.output:
-    raise UserError(f"predict.output={config.predict.output}: predictions are written to a "
-                    f"local or mounted folder only, not yet to a bucket")
-  if mirror.of(trainer.model_dir) is not None and not config.predict.output:
-    raise UserError(f"--model_dir={mirror.display(trainer.model_dir)} is a bucket: set "
-                    f"predict.output to a local or mounted folder (predictions are not yet "
-                    f"written to a bucket)")
   _predict_function(trainer)
 
 
@@ -81,7 +75,10 @@ def predict(trainer, step: int) -> dict:
   config = trainer.config
   split = config.predict.split
   source = _source(trainer)
-  directory = output_dir(config, trainer.model_dir, step)
+  # A bucket's folder (predict.output a URL, or in a bucket model_dir): staged here,
+  # with what the bucket holds of it; each file put there as it is committed.
+  directory = files.staged_folder(output_dir(config, trainer.model_dir, step),
+                                  "predict.output")
   run, _ = config_changes.model_dir_run(trainer.model_dir)
   identity = {"model": run, "checkpoint_step": step,
               "source": {"data": config.data.name, "split": split, "rows": len(source)}}
@@ -93,10 +90,11 @@ def predict(trainer, step: int) -> dict:
     nothing = {"rows_scored": 0, "seconds": None, "rows_per_sec": None,
                "already_finished": True}
     return ({**_summary_of(done), **nothing} if done is not None
-            else {**nothing, "output": directory})
+            else {**nothing, "output": mirror.display(directory)})
   output = predictions.open_output(directory, identity, num_rows=len(source),
                                    chunk_rows=config.predict.chunk_rows,
-                                   writer=trainer.is_chief, inputs=inputs)
+                                   writer=trainer.is_chief, inputs=inputs,
+                                   lease_seconds=config.checkpoint.lease_seconds)
   try:
     return _score(trainer, source, output, step)
   finally:
@@ -148,7 +146,7 @@ def _score(trainer, source, output, step: int) -> dict:
   if trainer.is_chief:
     return {**_summary_of(output.finish()), **timing}
   return {"checkpoint_step": step, "rows": output.num_rows, **timing,
-          "output": output.directory}
+          "output": mirror.display(output.directory)}
 
 
 def _summary_of(manifest: dict) -> dict:

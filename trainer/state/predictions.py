@@ -56,7 +56,7 @@ class Output:
   chunk_rows: int
   chunks: list  # the committed chunks' entries, in order
   inputs: Callable[[int, int], str]  # (first, end) -> the digest of those input rows
-  _lock_fd: int | None = None
+  _lock: files.FolderLock | None = None
 
   @property
   def num_chunks(self) -> int:
@@ -93,6 +93,7 @@ class Output:
                "records": records, "columns": _column_specs(columns)}
       # The commit: the files in place first, then progress.json names them.
       files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)
+      files.published(os.path.join(self.directory, RECORDS, records["file"]))
       _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),
                   what=what, where=self.directory)
     except StorageError:  # the store's one line (exit 1)
@@ -119,6 +120,7 @@ class Output:
           {name: _record_spec(spec) for name, spec in specs.items()}, names[0],
           {"train": shard_list, "eval": shard_list},
           {"from": "distloop --mode=predict", **self.identity}, self.digest()))
+      files.published(os.path.join(self.directory, RECORDS, records_manifest.NAME))
     manifest = {"format": FORMAT, **self.identity, "rows": self.rows_done,
                 "chunk_rows": self.chunk_rows, "columns": specs, "digest": self.digest(),
                 "parquet": [chunk["parquet"]["file"] for chunk in self.chunks],
@@ -135,9 +137,9 @@ class Output:
     return digest.hexdigest()
 
   def close(self) -> None:
-    if self._lock_fd is not None:
-      os.close(self._lock_fd)
-      self._lock_fd = None
+    if self._lock is not None:
+      lock, self._lock = self._lock, None
+      lock.release()
 
   def _progress(self, chunks=None) -> dict:
     return {"format": FORMAT, "identity": self.identity, "num_rows": self.num_rows,
@@ -160,13 +162,15 @@ def finished(directory: str, identity: dict, inputs: Callable[[int, int], str]
 
 
 def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: int,
-                writer: bool, inputs: Callable[[int, int], str]) -> Output:
+                writer: bool, inputs: Callable[[int, int], str],
+                lease_seconds: float = 60.0) -> Output:
   """The folder to continue (progress.json's committed chunks) or to start; refused in
   one line (UserError) if it holds anything else, or chunks scored on other input rows
   (`inputs(first, end)`: the digest of those rows now). `writer` (the chief): the folder
   locked, made, a damaged chunk and those after it dropped (a warning), and the files of
   chunks never committed removed. Another worker reads nothing (its disk may not hold the
-  folder): the chief's count is agreed on."""
+  folder): the chief's count is agreed on. In a bucket (trainer/store/files.py
+  `staged_folder`) the lock is a lease of `lease_seconds`."""
   if not writer:
     return Output(directory, identity, num_rows, chunk_rows, [], inputs)
   progress_path = os.path.join(directory, PROGRESS)
@@ -190,7 +194,7 @@ def open_output(directory: str, identity: dict, *, num_rows: int, chunk_rows: in
       os.makedirs(os.path.join(directory, sub), exist_ok=True)
   except OSError as e:
     raise UserError(f"predict.output={directory} cannot be made: {e.strerror or e}") from None
-  output._lock_fd = _lock(directory)  # pylint: disable=protected-access
+  output._lock = _lock(directory, lease_seconds)  # pylint: disable=protected-access
   _drop_damaged(output)
   _remove_uncommitted(output)
   if not os.path.isfile(progress_path):  # from now on the folder says whose it is
@@ -238,7 +242,7 @@ def _drop_damaged(output: Output) -> None:
   for path in (os.path.join(output.directory, MANIFEST),
                os.path.join(output.directory, RECORDS, records_manifest.NAME)):
     if os.path.exists(path):
-      os.remove(path)
+      files.remove(path)
   output.chunks = output.chunks[:index]
   _write_json(os.path.join(output.directory, PROGRESS), output._progress())  # pylint: disable=protected-access
 
@@ -251,10 +255,11 @@ def _check_identity(directory: str, found: dict, wanted: dict) -> None:
                       f"{value!r}); choose another predict.output, or remove it")
 
 
-def _lock(directory: str) -> int:
-  return files.lock(os.path.join(directory, ".lock"),
-                    f"predict.output={directory} is being written by another --mode=predict; "
-                    f"wait for it to end, or choose another predict.output")
+def _lock(directory: str, lease_seconds: float) -> files.FolderLock:
+  return files.lock_folder(
+      directory, f"predict.output={directory} is being written by another --mode=predict; "
+                 f"wait for it to end, or choose another predict.output",
+      lease_seconds=lease_seconds)
 
 
 def _remove_uncommitted(output: Output) -> None:
@@ -266,7 +271,7 @@ def _remove_uncommitted(output: Output) -> None:
     folder = os.path.join(output.directory, sub)
     for name in os.listdir(folder):
       if name not in kept and name != records_manifest.NAME:
-        os.remove(os.path.join(folder, name))
+        files.remove(os.path.join(folder, name))
 
 
 def _contents(directory: str) -> list[str]:

@@ -129,6 +129,60 @@ def move(source: str, destination: str) -> None:
     bucket.push_tree(destination)
 
 
+def published(path: str) -> None:
+  """A file a library wrote whole at its place (a records shard or manifest, renamed
+  into place by its writer): put in the bucket, if model_dir (or the folder) is one."""
+  _push(path)
+
+
+def remove(path: str) -> None:
+  """A file that is no longer part of a folder: gone here and from the bucket."""
+  _remove(path)
+  bucket = mirror.of(path)
+  if bucket is not None:
+    bucket.remove(path)
+
+
+def staged_folder(path: str, what: str) -> str:
+  """The local folder a writer writes `path` through: `path` itself; for a gs:// or
+  s3:// URL (predict.output), its staging folder. Under a bucket (the URL, or a folder
+  of a bucket model_dir) every object the bucket holds there is fetched first: what a
+  rerun goes on from."""
+  local = mirror.staged(path, what, fresh=False)
+  bucket = mirror.of(local)
+  if bucket is not None:
+    bucket.pull_tree(local)
+  return local
+
+
+class FolderLock:
+  """One writer of a folder (a predictions' output): flock on its `.lock` on a disk, a
+  lease on a bucket (trainer/store/lease.py). Released by `release()`, or by the process's
+  end (the kernel drops a flock; a lease expires)."""
+
+  def __init__(self, fd: int | None = None, lease=None):
+    self._fd, self._lease = fd, lease
+
+  def release(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+    if self._lease is not None:
+      lease, self._lease = self._lease, None
+      lease.release()
+
+
+def lock_folder(directory: str, refusal: str, *, lease_seconds: float) -> FolderLock:
+  """The folder's one-writer lock; UserError(`refusal`, and on a bucket the holder) if
+  another process holds it."""
+  bucket = mirror.of(directory)
+  if bucket is None:
+    return FolderLock(fd=lock(os.path.join(directory, ".lock"), refusal))
+  from trainer.store import lease  # pylint: disable=g-import-not-at-top
+  return FolderLock(lease=lease.BucketLease.acquire(bucket, lease_seconds, folder=directory,
+                                                    refusal=refusal))
+
+
 def discard(staged: str) -> None:
   """A temporary (file or folder) that will not be committed."""
   if os.path.isdir(staged) and not os.path.islink(staged):

@@ -43,9 +43,10 @@ class BucketLease:
   under model_dir before (a refused run then leaves nothing)."""
 
   def __init__(self, mirror, version: str, record: dict, lease_seconds: float,
-               renewed: float):
+               renewed: float, folder: str | None = None):
     self.mirror = mirror
-    self.key = mirror.key(os.path.join(mirror.local, LOCK_NAME))
+    self.folder = folder or mirror.local  # what it is the lease of: model_dir, or a folder in it
+    self.key = mirror.key(os.path.join(self.folder, LOCK_NAME))
     self.path = mirror.bucket.url(self.key)
     self.created_model_dir = mirror.created
     self._version = version
@@ -61,10 +62,11 @@ class BucketLease:
     self._thread.start()
 
   @classmethod
-  def acquire(cls, mirror, lease_seconds: float, *, clock=time.time,
-              sleep=time.sleep) -> "BucketLease":
-    """The lease of `mirror`'s model_dir; UserError (exit 2) naming a live holder."""
-    key = mirror.key(os.path.join(mirror.local, LOCK_NAME))
+  def acquire(cls, mirror, lease_seconds: float, *, clock=time.time, sleep=time.sleep,
+              folder: str | None = None, refusal: str | None = None) -> "BucketLease":
+    """The lease of `mirror`'s model_dir (or of `folder` in it: a predictions' folder);
+    UserError (exit 2) naming a live holder (`refusal`, then the holder, if given)."""
+    key = mirror.key(os.path.join(folder or mirror.local, LOCK_NAME))
     url = mirror.bucket.url(key)
     token = uuid.uuid4().hex
     record = {"host": socket.gethostname(), "pid": os.getpid(),
@@ -78,13 +80,16 @@ class BucketLease:
       version = mirror.bucket.create(key, data)
       if version is not None or _ours(mirror.bucket, key, token):
         return cls._held(mirror, version or mirror.bucket.read_versioned(key)[1], record,
-                         lease_seconds, sent, restage=watched is not None)
+                         lease_seconds, sent, restage=watched is not None, folder=folder)
       found = mirror.bucket.read_versioned(key)
       if found is None:
         continue  # released meanwhile: create it again
       raw, version, modified = found
       holder = _parse(raw)
       seconds = float(holder.get("lease_seconds") or lease_seconds)
+      if watched is not None and watched[0] != version and refusal is not None:
+        raise UserError(f"{refusal} ({_describe(holder)}; it renewed its lease {url} "
+                        f"meanwhile)")
       if watched is not None and watched[0] != version:
         raise UserError(f"--model_dir={mirror.url} is in use by another trainer "
                         f"({_describe(holder)}; it renewed its lease {url} meanwhile): only "
@@ -103,33 +108,39 @@ class BucketLease:
           logging.warning("Took over the writer lease %s of %s: not renewed for %.0f s "
                           "(checkpoint.lease_seconds=%g), the holder is gone", url,
                           _describe(holder), idle, seconds)
-          return cls._held(mirror, taken, record, lease_seconds, sent, restage=True)
+          return cls._held(mirror, taken, record, lease_seconds, sent, restage=True,
+                           folder=folder)
         watched = (None, time.monotonic())  # another took it first: watch the new holder
         continue
       if not said_waiting:
-        logging.info("--model_dir=%s is leased to %s (renewed %.0f s ago): waiting up to "
+        logging.info("%s is leased to %s (renewed %.0f s ago): waiting up to "
                      "%.0f s to see whether it is alive (checkpoint.lease_seconds)",
-                     mirror.url, _describe(holder), max(clock() - modified, 0), seconds - idle)
+                     url.rsplit("/", 1)[0] if folder else f"--model_dir={mirror.url}",
+                     _describe(holder), max(clock() - modified, 0), seconds - idle)
         said_waiting = True
       sleep(min(max(seconds / 8, 0.2), seconds - idle))
 
   @classmethod
   def _held(cls, mirror, version: str, record: dict, lease_seconds: float, sent: float, *,
-            restage: bool) -> "BucketLease":
+            restage: bool, folder: str | None = None) -> "BucketLease":
     """The lease just taken. `restage`: another trainer held it since this run staged the
     bucket (it released it, or died), so what it committed meanwhile is staged now: from
     the earlier copy this run would resume from an older step, and its first commit
     would remove the newer ones from the bucket as steps retention dropped."""
     if restage:
       try:
-        mirror.pull()
+        if folder:
+          mirror.pull_tree(folder)
+        else:
+          mirror.pull()
       except BaseException:
         try:
-          mirror.bucket.delete(mirror.key(os.path.join(mirror.local, LOCK_NAME)), version)
+          mirror.bucket.delete(mirror.key(os.path.join(folder or mirror.local, LOCK_NAME)),
+                               version)
         except object_stores.BucketError:
           pass  # it expires
         raise
-    return cls(mirror, version, record, lease_seconds, sent)
+    return cls(mirror, version, record, lease_seconds, sent, folder)
 
   def _renew_until_released(self) -> None:
     interval = max(self._seconds / 4, 0.1)
@@ -213,7 +224,9 @@ class BucketLease:
       self._let_go()
       return
     try:
-      if refused and self.created_model_dir:
+      if self.folder != self.mirror.local:
+        pass  # a folder's lease: what it leased was put in the bucket as it was written
+      elif refused and self.created_model_dir:
         self.mirror.remove_everything()
       else:
         self.mirror.push_logs()

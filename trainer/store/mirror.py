@@ -123,6 +123,15 @@ class Mirror:
       elif os.path.exists(os.path.join(self.local, name)):
         os.remove(os.path.join(self.local, name))
 
+  def pull_tree(self, directory: str) -> None:
+    """Every object under `directory` (a predictions' folder) into the staging directory,
+    but its lease: what a rerun goes on from."""
+    under = os.path.relpath(os.path.abspath(directory), self.local).replace(os.sep, "/")
+    for key in self._keys("" if under == "." else under):
+      relative = key[len(self.prefix) + 1:] if self.prefix else key
+      if relative.rsplit("/", 1)[-1] != ".lock":
+        self._download(relative)
+
   def _pull_steps(self, relatives: list[str]) -> None:
     for directory in _STEP_DIRECTORIES:
       files: dict[str, list[str]] = {}
@@ -332,8 +341,8 @@ def staged(path: str, what: str = "--model_dir", *, fresh: bool = True) -> str:
         atexit.register(remove_staging)
         _REMOVED_AT_EXIT.append(True)
     _MIRRORS[local] = mirror
-    logging.info("model_dir %s: staged in %s (a local cache of what the bucket holds)",
-                 url, local)
+    logging.info("%s %s: staged in %s (a local cache of what the bucket holds)",
+                 what.lstrip("-"), url, local)
     return local
 
 
