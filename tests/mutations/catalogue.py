@@ -419,13 +419,13 @@ CATALOGUE = [
         plants="progress.json names a chunk before its Parquet file is renamed into place: "
                "a kill between them leaves a committed chunk without its file",
         file="trainer/state/predictions.py",
-        old="      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
+        old="      files.commit(files.temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
             "      files.published(os.path.join(self.directory, RECORDS, records[\"file\"]))\n"
             "      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
             "                  what=what, where=self.directory)\n",
         new="      _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),\n"
             "                  what=what, where=self.directory)\n"
-            "      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
+            "      files.commit(files.temporary(parquet_path), parquet_path, what=what, where=self.directory)\n"
             "      files.published(os.path.join(self.directory, RECORDS, records[\"file\"]))\n",
         slice=("tests/state/test_predictions_folder.py::test_a_kill_inside_the_commit_window_"
                "leaves_no_chunk_named_before_its_files[2]",)),

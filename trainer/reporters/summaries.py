@@ -230,9 +230,10 @@ def looks_like_images(features) -> bool:
           and (features.dtype.is_floating or features.dtype == tf.uint8))
 
 
-def _drop_events_past(path: str, step: int, what: str) -> bool:
+def _drop_events_past(path: str, step: int, what: str) -> None:
   """Rewrites the event file `path` without its events past `step` (and a record cut
-  short at its end: a killed writer's), if it has any; whether it did. A TFRecord is
+  short at its end: a killed writer's), if it has any (`what` names it in the one-line
+  error of a full disk). A TFRecord is
   `length (8 bytes), its CRC (4), data, the data's CRC (4)`: the records kept are
   copied as they are."""
   with open(path, "rb") as f:
@@ -248,10 +249,8 @@ def _drop_events_past(path: str, step: int, what: str) -> bool:
     else:
       kept.append(data[at:end])
     at = end
-  if not past:
-    return False
-  files.write_bytes(path, b"".join(kept), what=what)  # whole, and to the bucket
-  return True
+  if past:
+    files.write_bytes(path, b"".join(kept), what=what)  # whole, and to the bucket
 
 
 def _scalars_event(values: dict) -> bytes:

@@ -92,7 +92,7 @@ class Output:
       entry = {"rows": int(len(rows)), "input": inputs, "parquet": parquet,
                "records": records, "columns": _column_specs(columns)}
       # The commit: the files in place first, then progress.json names them.
-      files.commit(_temporary(parquet_path), parquet_path, what=what, where=self.directory)
+      files.commit(files.temporary(parquet_path), parquet_path, what=what, where=self.directory)
       files.published(os.path.join(self.directory, RECORDS, records["file"]))
       _write_json(os.path.join(self.directory, PROGRESS), self._progress([*self.chunks, entry]),
                   what=what, where=self.directory)
@@ -304,7 +304,7 @@ def _stage_parquet(path: str, columns: dict) -> dict:
     fields.append(pa.field(name, arrow.type, nullable=False,
                            metadata={"shape": json.dumps(list(array.shape[1:]))}))
   table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-  temporary = _temporary(path)
+  temporary = files.temporary(path)
   pq.write_table(table, temporary, compression="zstd")  # fsynced by the commit
   return {"file": os.path.basename(path), "bytes": os.path.getsize(temporary),
           "sha256": shards.file_sha256(temporary)}
@@ -337,10 +337,6 @@ def _record_encoder(columns: dict):
 
 
 # -- small files -------------------------------------------------------------------------
-
-def _temporary(path: str) -> str:
-  return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-
 
 def _write_json(path: str, value: dict, **where) -> None:
   files.write_json(path, value, indent=1, sort_keys=False, **where)  # the columns in order

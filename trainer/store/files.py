@@ -55,7 +55,7 @@ def write_bytes(path: str, data: bytes, *, what: str | None = None,
       raise
     raise storage.failure(what or os.path.basename(path), where or path, error,
                           needed_bytes=len(data)) from None
-  _push(path)
+  published(path)
 
 
 def write_text(path: str, text: str, *, what: str | None = None,
@@ -111,12 +111,10 @@ def commit(staged: str, path: str, *, what: str, where: str | None = None,
       raise
     raise storage.failure(what, where or path, error, needed_bytes=needed_bytes) from None
   bucket = mirror.of(path)
-  if bucket is None:
-    return
-  if os.path.isdir(path):
+  if bucket is not None and os.path.isdir(path):
     bucket.push_tree(path, last=last)
-  else:
-    bucket.push_file(path)
+  elif bucket is not None:
+    published(path)
 
 
 def move(source: str, destination: str) -> None:
@@ -130,9 +128,12 @@ def move(source: str, destination: str) -> None:
 
 
 def published(path: str) -> None:
-  """A file a library wrote whole at its place (a records shard or manifest, renamed
-  into place by its writer): put in the bucket, if model_dir (or the folder) is one."""
-  _push(path)
+  """A file written whole at its place (here, or by a library that renames it into
+  place itself: a records shard or manifest): put in the bucket as one object, if
+  model_dir (or the folder) is one."""
+  bucket = mirror.of(path)
+  if bucket is not None:
+    bucket.push_file(path)
 
 
 def remove(path: str) -> None:
@@ -252,12 +253,6 @@ def held(path: str) -> bool:
     return False
   finally:
     os.close(fd)
-
-
-def _push(path: str) -> None:
-  bucket = mirror.of(path)
-  if bucket is not None:  # one object, written whole
-    bucket.push_file(path)
 
 
 def _fsync_tree(path: str) -> None:

@@ -87,14 +87,12 @@ class BucketLease:
       raw, version, modified = found
       holder = _parse(raw)
       seconds = float(holder.get("lease_seconds") or lease_seconds)
-      if watched is not None and watched[0] != version and refusal is not None:
-        raise UserError(f"{refusal} ({_describe(holder)}; it renewed its lease {url} "
-                        f"meanwhile)")
-      if watched is not None and watched[0] != version:
-        raise UserError(f"--model_dir={mirror.url} is in use by another trainer "
-                        f"({_describe(holder)}; it renewed its lease {url} meanwhile): only "
-                        f"one may write it: wait for that one to end, or stop it, or use "
-                        f"another --model_dir")
+      if watched is not None and watched[0] != version:  # renewed meanwhile: alive
+        alive = f"{_describe(holder)}; it renewed its lease {url} meanwhile"
+        raise UserError(f"{refusal} ({alive})" if refusal else
+                        f"--model_dir={mirror.url} is in use by another trainer ({alive}): "
+                        f"only one may write it: wait for that one to end, or stop it, or "
+                        f"use another --model_dir")
       if watched is None:
         watched = (version, time.monotonic())
       # By the store's clock less a second (S3's Last-Modified counts whole seconds: the
