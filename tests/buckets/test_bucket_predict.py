@@ -125,7 +125,9 @@ def _stopped_before_put(store, model_dir: str, output: str, match: str, tmp_path
                         then: str = "kill", wait: bool = True):
   """A --mode=predict of `model_dir` into `output` that stops just before it puts the
   file `match` names in the bucket (`then`: kill itself, or pause); `wait`: until killed."""
-  env = {**_env(store, tmp_path), "PYTHONPATH": _BEFORE_PUT,
+  # The repository after the hook's folder: sitecustomize imports trainer before `python -m`
+  # puts the working directory first, and must import this checkout's, not an installed one.
+  env = {**_env(store, tmp_path), "PYTHONPATH": os.pathsep.join([_BEFORE_PUT, REPO]),
          "DISTLOOP_TEST_BEFORE_PUT": match, "DISTLOOP_TEST_THEN": then}
   process = TrainerProcess(model_dir, *_PREDICT, f"--config.predict.output={output}", env=env)
   if wait:
