@@ -33,6 +33,7 @@ from trainer.cluster import preemption
 from trainer.loop import continuous_eval
 from trainer.state import config_changes
 from trainer.state import elastic
+from trainer.store import files
 from trainer.store import mirror
 from trainer.store import model_dir as layout
 from trainer.store import writer_lock
@@ -248,12 +249,12 @@ def refuse_what_the_task_lacks(trainer, mode: str) -> None:
 def load_config(config):
   """A ConfigDict as given; a name or a path loaded as --config would load it."""
   if isinstance(config, str):
-    from configs import files  # pylint: disable=g-import-not-at-top
+    from configs import files as config_files  # pylint: disable=g-import-not-at-top
     try:
-      spec = files.resolve(config)
+      spec = config_files.resolve(config)
       module_names.put_config_folder_on_path(spec)
-      return files.load(spec)
-    except (files.ConfigFileError, ValueError) as e:
+      return config_files.load(spec)
+    except (config_files.ConfigFileError, ValueError) as e:
       raise UserError(str(e)) from None
   return config
 
@@ -298,9 +299,7 @@ def _writer(model_dir: str, config):
         if removed:
           logging.info("Removed %d unfinished checkpoint(s) a killed save left in %s: %s",
                        len(removed), directory, ", ".join(removed))
-        bucket = mirror.of(directory)
-        if bucket is not None:  # the steps without a commit marker (a save cut short)
-          bucket.forget_steps(directory)
+        files.forget_unfinished_steps(directory)  # a bucket's, without a commit marker
       yield lock
   except Exception as e:  # pylint: disable=broad-except  (re-raised)
     failing = True

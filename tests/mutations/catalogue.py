@@ -574,4 +574,13 @@ CATALOGUE = [
                "  if False:\n"),),
         slice=("tests/loop/test_mode_builds_what_it_uses.py::test_a_mode_that_does_not_train_"
                "builds_nothing_of_training[eval]",)),
+    Mutation(
+        name="event_files_written_around_the_store",
+        plants="TensorBoard's writer is opened on a folder the store never handed out: "
+               "event files appear under model_dir that nothing recorded",
+        file="trainer/reporters/summaries.py",
+        old="            files.library_folder(os.path.join(self.root, split), \"TensorBoard\"),\n",
+        new="            os.path.join(self.root, split),\n",
+        slice=("tests/state/test_record_of_writes.py::test_every_file_of_a_local_model_dir_"
+               "was_written_by_the_store",)),
 ]

@@ -34,7 +34,7 @@ from typing import Callable
 from absl import logging
 
 from trainer.errors import Preempted, UserError
-from trainer.store import mirror
+from trainer.store import files
 
 # A step that retention is deleting can fail the shape check (its metadata gone first)
 # and look like another model's; it is one only if it is still there this much later.
@@ -156,9 +156,8 @@ class ContinuousEval:
   def _steps_on_disk(self) -> list[int]:
     """Committed steps, re-read from disk (the directory may not exist yet)."""
     checkpoints = self.trainer.checkpoints
-    bucket = mirror.of(checkpoints.directory)
-    if bucket is not None and not os.path.isdir(checkpoints.directory):
-      bucket.refresh()  # a bucket's staging has no checkpoints/ until a step comes down
+    if not os.path.isdir(checkpoints.directory):  # a bucket's staging: none until a step came
+      files.fetch_new_steps(checkpoints.directory)
     if not os.path.isdir(checkpoints.directory):
       return []
     try:

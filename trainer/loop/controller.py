@@ -48,7 +48,6 @@ from trainer.loop.boundary import (BoundaryWork, Loop, LoopBoundary, ProgressRep
 from trainer.loop.serving import Serving
 from trainer.setup import epochs
 from trainer.store import files
-from trainer.store import mirror
 from trainer.store import model_dir as layout
 from trainer.state.train_state import Position
 from trainer.task import user_code
@@ -324,9 +323,7 @@ class Trainer:
     self._log_metrics(step, "eval", {name: result[name] for name in [*names, "examples"]})
     self.summaries.flush()
     if self._read_only and self.is_chief:  # eval modes hold no lease: their events, now
-      bucket = mirror.of(self.model_dir)
-      if bucket is not None:
-        bucket.push_logs()
+      files.put_logs(self.model_dir)
     self._eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step, metrics_line(result, names),
                  result["examples"])

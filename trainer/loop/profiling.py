@@ -9,9 +9,12 @@ Every worker of a synchronous cluster cuts its loops at those edges (the loops'
 collectives must pair up); only the chief (`trace=True`) records. `ProfileAction`
 is the window as one of the built-in Actions.
 """
+import os
+
 import tensorflow as tf
 
 from trainer.loop import actions
+from trainer.store import files
 
 
 class ProfileWindow:
@@ -35,6 +38,8 @@ class ProfileWindow:
       return
     start, end = self._window
     if not self._active and start <= step < end:
+      # the profiler writes its trace under plugins/profile/, a folder the store hands it
+      files.library_folder(os.path.join(self._logdir, "plugins", "profile"), "profiler")
       tf.profiler.experimental.start(self._logdir)
       self._active = True
     elif self._active and step >= end:

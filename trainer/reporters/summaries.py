@@ -33,7 +33,6 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from trainer.errors import StorageError
 from trainer.store import files
-from trainer.store import mirror
 from trainer.store import model_dir as layout
 from trainer.store import storage
 
@@ -63,7 +62,8 @@ class Summaries:
       # default queue of 10 meant a write to the file every 10 scalars.
       with self._storage_failures(split):  # it writes the file's first event at once
         self._writers[split] = tf.summary.create_file_writer(
-            os.path.join(self.root, split), max_queue=_EVENTS_QUEUED, flush_millis=10_000)
+            files.library_folder(os.path.join(self.root, split), "TensorBoard"),
+            max_queue=_EVENTS_QUEUED, flush_millis=10_000)
     return self._writers[split]
 
   @contextlib.contextmanager
@@ -105,12 +105,10 @@ class Summaries:
       self.flush()
       self._drop_writers()
       self._enabled = True
-    bucket = mirror.of(self.root)
     for split in ("train", "eval"):
       directory = os.path.join(self.root, split)
       with self._storage_failures(split):
-        if bucket is not None:
-          bucket.pull_logs(directory)
+        files.fetch_logs(directory)
         for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
           if name.startswith("events.out.tfevents."):
             _drop_events_past(os.path.join(directory, name), step,

@@ -34,7 +34,6 @@ import orbax.checkpoint as ocp  # pylint: disable=wrong-import-position
 
 from trainer.cluster import sharding  # pylint: disable=wrong-import-position
 from trainer.store import files  # pylint: disable=wrong-import-position
-from trainer.store import mirror  # pylint: disable=wrong-import-position
 from trainer.store import model_dir as layout  # pylint: disable=wrong-import-position
 from trainer.store import storage  # pylint: disable=wrong-import-position
 from trainer.state import write_echoes  # pylint: disable=wrong-import-position
@@ -109,7 +108,10 @@ class Checkpoints:
                keep_period: int = 0, best_metric: str | None = None, best_mode: str = "max",
                mismatch_advice: str = "use another --model_dir"):
     self.directory = os.path.abspath(directory)
-    self._bucket = mirror.of(self.directory)  # a bucket model_dir's staging: written back
+    # orbax writes its own files (each step renamed into place when whole) in a folder the
+    # store hands out, and the store puts a finished step in a bucket model_dir
+    files.library_folder(self.directory, "orbax")
+    self._in_bucket = files.in_bucket(self.directory)
     self._mismatch_advice = mismatch_advice  # what a refusal of another model's step says to do
     self._writer = writer
     self._best_metric = best_metric
@@ -152,8 +154,8 @@ class Checkpoints:
     """Re-reads the committed steps from disk: orbax caches its list, so a reader of
     a live job's checkpoints (continuous_eval) calls this to see new and deleted steps
     (on a bucket, staged anew first)."""
-    if self._bucket is not None and not self._writer:
-      self._bucket.refresh()
+    if not self._writer:
+      files.fetch_new_steps(self.directory)
     self._settled().reload()
 
   def save(self, step: int, model_tree: dict, optimizer_tree: dict, meta: dict,
@@ -185,11 +187,10 @@ class Checkpoints:
         model=ocp.args.StandardSave(model_tree),
         optimizer=ocp.args.StandardSave(optimizer_tree),
         meta=ocp.args.JsonSave(meta)))
-    if self._bucket is not None:  # in the bucket: its files, then its commit marker
-      if saved:
-        self._bucket.commit_step(self.directory, step)
-      else:
-        self._bucket.forget_steps(self.directory)
+    if saved:  # in a bucket: its files, then its commit marker
+      files.step_finished(self.directory, step)
+    else:
+      files.forget_unfinished_steps(self.directory)
 
   def restore(self, step: int, model_target: dict, optimizer_target: dict | None,
               *, advice: str | None = None, ours: str = "this config", who: str = ""):
@@ -227,9 +228,8 @@ class Checkpoints:
   def _read_failures(self, step: int):
     """Permission / I/O errors -> StorageError; anything else unreadable -> CorruptCheckpoint."""
     try:
-      if (self._bucket is not None
-          and not os.path.isdir(os.path.join(self.directory, str(step)))):
-        self._bucket.refresh()  # saved since it was staged (a worker rolling back to it)
+      if self._in_bucket and not os.path.isdir(os.path.join(self.directory, str(step))):
+        files.fetch_new_steps(self.directory)  # saved since it was staged (a worker rolling back)
         self._settled().reload()
       _open_every_file(os.path.join(self.directory, str(step)))
       yield
@@ -251,8 +251,7 @@ class Checkpoints:
     self._settled()
     files.move(os.path.join(self.directory, str(step)), destination)  # to the bucket too
     self._manager.reload()
-    if self._bucket is not None:  # then the step is no longer one in the bucket
-      self._bucket.forget_steps(self.directory)
+    files.forget_unfinished_steps(self.directory)  # no longer a step in a bucket either
     return destination
 
   def wait(self) -> None:

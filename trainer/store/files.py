@@ -25,6 +25,7 @@ from absl import logging
 
 from trainer.errors import UserError
 from trainer.store import mirror
+from trainer.store import record
 from trainer.store import storage
 
 
@@ -55,6 +56,7 @@ def write_bytes(path: str, data: bytes, *, what: str | None = None,
       raise
     raise storage.failure(what or os.path.basename(path), where or path, error,
                           needed_bytes=len(data)) from None
+  record.note(path, "written")
   published(path)
 
 
@@ -110,6 +112,7 @@ def commit(staged: str, path: str, *, what: str, where: str | None = None,
     if storage.reason(error) is None:
       raise
     raise storage.failure(what, where or path, error, needed_bytes=needed_bytes) from None
+  record.note(path, "committed", folder=os.path.isdir(path))
   bucket = mirror.of(path)
   if bucket is not None and os.path.isdir(path):
     bucket.push_tree(path, last=last)
@@ -122,6 +125,7 @@ def move(source: str, destination: str) -> None:
   kept whole: renamed on disk, and put in the bucket at its new place."""
   os.makedirs(os.path.dirname(destination), exist_ok=True)
   os.replace(source, destination)
+  record.note(destination, "moved", folder=True)
   bucket = mirror.of(destination)
   if bucket is not None:
     bucket.push_tree(destination)
@@ -131,6 +135,7 @@ def published(path: str) -> None:
   """A file written whole at its place (here, or by a library that renames it into
   place itself: a records shard or manifest): put in the bucket as one object, if
   model_dir (or the folder) is one."""
+  record.note(path, "published")
   bucket = mirror.of(path)
   if bucket is not None:
     bucket.push_file(path)
@@ -154,6 +159,61 @@ def staged_folder(path: str, what: str) -> str:
   if bucket is not None:
     bucket.pull_tree(local)
   return local
+
+
+# Folders a library writes its own files into, each put in place by the library itself
+# (orbax's checkpoint steps, TensorBoard's event files, the profiler's trace): the store
+# hands the folder out, and puts in the bucket what the library finished.
+
+def in_bucket(path: str) -> bool:
+  """Whether `path` is in a bucket model_dir's staging folder (what is here is a copy)."""
+  return mirror.of(path) is not None
+
+
+def library_folder(path: str, library: str) -> str:
+  """`path`, handed to `library` to write its own files into (recorded as its)."""
+  record.note(path, "library", folder=True, library=library)
+  return path
+
+
+def step_finished(directory: str, step: int) -> None:
+  """orbax finished step `step` of `directory`: on a bucket, its files, the logs, then
+  its commit marker are put there (mirror.commit_step)."""
+  bucket = mirror.of(directory)
+  if bucket is not None:
+    bucket.commit_step(directory, step)
+
+
+def forget_unfinished_steps(directory: str) -> None:
+  """The bucket's steps of `directory` that are not here (retention, a step set aside,
+  a save cut short) go from the bucket, marker first."""
+  bucket = mirror.of(directory)
+  if bucket is not None:
+    bucket.forget_steps(directory)
+
+
+def fetch_new_steps(path: str) -> None:
+  """A reader of a bucket model_dir that another process writes (continuous_eval, a
+  worker rolling back): the steps committed there since, finished.json, summary.json."""
+  bucket = mirror.of(path)
+  if bucket is not None:
+    bucket.refresh()
+
+
+def put_logs(path: str) -> None:
+  """metrics.csv's whole lines and the event files that changed, into the bucket (a
+  writer does this at each checkpoint; an eval mode, which saves none, after its eval)."""
+  bucket = mirror.of(path)
+  if bucket is not None:
+    bucket.push_logs()
+
+
+def fetch_logs(directory: str) -> None:
+  """The bucket's event files of `directory` that are not here yet (a resume rewinds
+  them)."""
+  bucket = mirror.of(directory)
+  if bucket is not None:
+    bucket.pull_logs(directory)
 
 
 class FolderLock:
@@ -210,6 +270,7 @@ class Appender:
     if self._file is None:  # opened once, not at every boundary (a tiny model has ~100/s)
       os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
       self._file = open(self.path, "a", newline="", encoding="utf-8")  # pylint: disable=consider-using-with
+      record.note(self.path, "appended")
     self._file.write(text)
     self._file.flush()
 
@@ -228,6 +289,7 @@ def lock(path: str, refusal: str) -> int:
   lock another process holds is refused with `refusal` (UserError, exit 2)."""
   import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  record.note(path, "lock")
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:

@@ -33,6 +33,7 @@ from absl import logging
 
 from trainer.errors import StorageError, UserError
 from trainer.store import object_stores
+from trainer.store.record import note
 
 LOCK_NAME = ".lock"
 _STAMP_SECONDS = 1.0  # the coarsest store clock's step (S3's Last-Modified)
@@ -78,6 +79,8 @@ class BucketLease:
     while True:
       sent = time.monotonic()
       version = mirror.bucket.create(key, data)
+      if version is not None:
+        note(url, "put", lease=True)
       if version is not None or _ours(mirror.bucket, key, token):
         return cls._held(mirror, version or mirror.bucket.read_versioned(key)[1], record,
                          lease_seconds, sent, restage=watched is not None, folder=folder)
@@ -103,6 +106,7 @@ class BucketLease:
         sent = time.monotonic()
         taken = mirror.bucket.replace(key, data, version)
         if taken is not None:
+          note(url, "put", lease=True)
           logging.warning("Took over the writer lease %s of %s: not renewed for %.0f s "
                           "(checkpoint.lease_seconds=%g), the holder is gone", url,
                           _describe(holder), idle, seconds)

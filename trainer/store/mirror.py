@@ -44,6 +44,7 @@ import time
 from absl import logging
 
 from trainer.store import object_stores
+from trainer.store import record
 
 COMMIT_MARKER = "commit_success.txt"
 _STEP_DIRECTORIES = ("checkpoints", "checkpoints_best")
@@ -170,6 +171,7 @@ class Mirror:
                       "(%s): not a step", self.url, directory, step, ", ".join(missing[:3]))
       return
     os.replace(partial, final)
+    record.note(final, "fetched", folder=True)
 
   def _download(self, relative: str, path: str | None = None) -> None:
     path = path or os.path.join(self.local, *relative.split("/"))
@@ -177,6 +179,7 @@ class Mirror:
     self.bucket.download(f"{self.prefix}/{relative}" if self.prefix else relative,
                          path + ".download")
     os.replace(path + ".download", path)
+    record.note(path, "fetched")
 
   # Writing: the staging directory -> the bucket.
   def _still_the_writer(self) -> None:
@@ -189,6 +192,7 @@ class Mirror:
     """One file as one object (a reader sees the old one or the new one)."""
     self._still_the_writer()
     self.bucket.upload(self.key(path), path)
+    record.note(self.url_of(path), "put", source=os.path.abspath(path))
 
   def remove(self, path: str) -> None:
     self._still_the_writer()
@@ -225,6 +229,7 @@ class Mirror:
     self.bucket.write(self.key(marker), json.dumps({
         "step": step, "committed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files}).encode())
+    record.note(self.url_of(marker), "put", source=os.path.abspath(marker))
     self.forget_steps(directory)
 
   def forget_steps(self, directory: str) -> None:
@@ -267,6 +272,7 @@ class Mirror:
         if os.path.relpath(path, self.local) in _LOGS:  # whole lines: one may be half appended
           data = data[:data.rfind(b"\n") + 1]
         self.bucket.write(self.key(path), data)
+        record.note(self.url_of(path), "put", source=path)
         self._pushed_logs[path] = signature
 
   def pull_logs(self, directory: str) -> None:

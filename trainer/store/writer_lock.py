@@ -26,6 +26,7 @@ from absl import logging
 from trainer.store import lease
 from trainer.store import mirror
 from trainer.store import model_dir as layout
+from trainer.store import record
 from trainer.store import storage
 from trainer.errors import UserError
 
@@ -59,6 +60,7 @@ class WriterLock:
     try:
       while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        record.note(path, "lock")
         try:
           fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
