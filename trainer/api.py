@@ -27,7 +27,7 @@ from absl import logging
 
 import input_pipelines
 from input_pipelines.native_output import native_startup_silenced
-from trainer.loop import library_logs
+from trainer.store import library_noise
 from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
@@ -64,7 +64,7 @@ def run(config, model_dir: str, *, mode: str = "train", task=None, actions=(),
   if logging.get_verbosity() < logging.INFO:  # visible by default; a caller's choice stays
     logging.set_verbosity(logging.INFO)
   if logging.get_verbosity() < logging.DEBUG:  # the CLI's policy: libraries' INFO hidden
-    library_logs.hide_library_info()
+    library_noise.hide_library_info()
   with _signals_handled() if handle_signals else contextlib.nullcontext():
     try:
       model_dir = mirror.staged(model_dir)  # gs://, s3://: a local copy, written back
@@ -196,7 +196,7 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
           timeout_seconds=config.eval.timeout_seconds, sleep=preemption.sleep,
           stopped=preemption.requested,
           finished=lambda: layout.final_step(model_dir, config.train.steps)).run()
-    position = (trainer.restore_latest() if checkpoint_step is None
+    position = (trainer.train_state.restore_latest() if checkpoint_step is None
                 else _restore_step(trainer, checkpoint_step))
     if position is None:
       raise UserError(f"no checkpoint in {layout.checkpoint_dir(model_dir)}; train first")
@@ -205,15 +205,15 @@ def _run_mode(config, model_dir: str, mode: str, checkpoint_step: int | None, st
     logging.info("%s of step %d with %s", mode, position.step, config_source)
     if mode == "eval":
       return {"step": position.step, **trainer.evaluate(position.step)}
-    if mode == "predict":
-      return trainer.predict(position.step)
+    if mode == "predict":  # pyarrow and the output folder: only a predict run loads them
+      from trainer.loop import predict  # pylint: disable=g-import-not-at-top
+      return predict.predict(trainer, position.step)
     return trainer.export(position.step)
   except UserCodeError as e:  # the user's Task or Action failed at run time
     trainer.train_state.wait()  # the pending saves on disk: the line says which is intact
     raise e.after_saves(trainer.train_state.latest_step()) from None
   except Exception as e:  # pylint: disable=broad-except
-    step = trainer.step_reached
-    lost = peers.lost(strategy, e, trainer.train_state.latest_step() if step is None else step)
+    lost = peers.lost(strategy, e, trainer.failure_step())
     if lost is None:
       raise
     raise lost from e  # a peer is gone: one line, not this worker's traceback
@@ -340,7 +340,7 @@ def _restore_step(trainer, step: int):
     raise UserError(f"--checkpoint_step={step}: no such checkpoint in "
                     f"{trainer.checkpoints.directory} (available steps: "
                     f"{', '.join(map(str, available)) or 'none'})")
-  position = trainer.restore(step)
+  position = trainer.train_state.restore(step)
   if position is None:
     raise UserError(f"--checkpoint_step={step}: "
                     f"{os.path.join(trainer.checkpoints.directory, str(step))} cannot be read")

@@ -169,6 +169,49 @@ def test_no_module_of_trainer_is_over_450_lines():
   assert not long
 
 
+
+def _attributes_set_outside_init(cls: ast.ClassDef) -> list[str]:
+  """`self.NAME = ...` (or +=, or in a tuple) in a method of `cls` other than __init__."""
+  found = []
+  for method in cls.body:
+    if not isinstance(method, ast.FunctionDef) or method.name == "__init__":
+      continue
+    for node in ast.walk(method):
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+      for target in targets:
+        for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+          if (isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name)
+              and item.value.id == "self"):
+            found.append(f"{method.name}: self.{item.attr} (line {node.lineno})")
+  return found
+
+
+def test_the_training_flow_reads_top_to_bottom():
+  """Issue 58: Trainer.train reads like orbit's (at most 40 lines, the end of a run a
+  method of its own), controller.py under 400 lines, and the Trainer's attributes are
+  set once in __init__ (what changes as the run goes is its RunRecord, or passed and
+  returned). Catches the flow growing back into one long method, and state parked in
+  attributes for another method (or module) to find."""
+  path = REPO / "trainer" / "loop" / "controller.py"
+  source = path.read_text()
+  assert len(source.splitlines()) < 400
+  (trainer,) = [node for node in ast.parse(source).body
+                if isinstance(node, ast.ClassDef) and node.name == "Trainer"]
+  methods = {node.name: node for node in trainer.body if isinstance(node, ast.FunctionDef)}
+  assert methods["train"].end_lineno - methods["train"].lineno + 1 <= 40
+  assert "_end_of_run" in methods
+  assert _attributes_set_outside_init(trainer) == []
+
+
+def test_the_attribute_rule_sees_each_kind_of_assignment():
+  source = ("class Trainer:\n  def __init__(self):\n    self.a = 1\n"
+            "  def f(self):\n    self.b = 1\n    self.c += 1\n    self.d, x = 1, 2\n"
+            "    self.e: int = 1\n    self.run.f = 1\n")
+  (cls,) = ast.parse(source).body
+  assert [line.split(":")[1].strip().split()[0] for line in _attributes_set_outside_init(cls)] == [
+      "self.b", "self.c", "self.d", "self.e"]
+
 # What only the store (trainer/store/files.py, writer_lock.py, mirror.py) may do: a
 # rename, a lock, a file opened for writing. Anywhere else it is a second writer with
 # its own guarantees (no fsync, no one-line StorageError, never in the bucket).

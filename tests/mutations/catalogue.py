@@ -120,8 +120,8 @@ CATALOGUE = [
         plants="non-finite loss or weights neither stop the run nor are refused by the save: "
                "NaN becomes a checkpoint",
         file="trainer/loop/controller.py",
-        old="        if non_finite or not bool(state_finite):\n",
-        new="        if False:\n",
+        old="      if non_finite or not bool(state_finite):\n",
+        new="      if False:\n",
         also=(Edit("trainer/state/train_state.py", "    if bad:\n", "    if False:\n"),),
         slice=("tests/loop/test_non_finite.py::test_divergence_stops_and_checkpoints_stay_finite",)),
     Mutation(

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from trainer.state import checkpoints
-from trainer.state import write_echoes
+from trainer.store import library_noise
 
 _DISK_FULL = ValueError("RESOURCE_EXHAUSTED: Error writing \"adam/0\" in OCDBT database: "
                         "Failed to write 1432867 bytes to file 20: No space left on device "
@@ -93,7 +93,7 @@ def test_a_failed_reads_late_echo_is_dropped_and_other_reads_are_not(tmp_path):
   """The garbage collector may log an abandoned read of an unreadable step long after the
   restore moved on: dropped for that step's directory only."""
   import logging  # pylint: disable=import-outside-toplevel
-  write_echoes.after_failed_read(str(tmp_path / "checkpoints" / "60"))
+  library_noise.after_failed_read(str(tmp_path / "checkpoints" / "60"))
   def record(error):
     return logging.LogRecord("asyncio", logging.ERROR, __file__, 1,
                              "Task exception was never retrieved", None,
@@ -101,5 +101,5 @@ def test_a_failed_reads_late_echo_is_dropped_and_other_reads_are_not(tmp_path):
   late = ValueError(f'NOT_FOUND: Error opening "zarr" driver: Metadata at "x/.zarray" in '
                     f'OCDBT database at local file "{tmp_path}/checkpoints/60/model/" ...')
   other = ValueError(f'NOT_FOUND: ... local file "{tmp_path}/checkpoints/40/model/"')
-  assert write_echoes._drop_abandoned_storage_failures(record(late)) is False  # pylint: disable=protected-access
-  assert write_echoes._drop_abandoned_storage_failures(record(other)) is True  # pylint: disable=protected-access
+  assert library_noise._drop_abandoned_storage_failures(record(late)) is False  # pylint: disable=protected-access
+  assert library_noise._drop_abandoned_storage_failures(record(other)) is True  # pylint: disable=protected-access

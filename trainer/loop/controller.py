@@ -15,10 +15,12 @@ Here: the flow (train), eval, the saves, export. Beside it in trainer/loop/: wha
 flow runs, assembled before it begins (assembly.py); the training batches from a
 position (batches.py); the work at a loop boundary, distloop's own Actions and the
 user's (boundary.py); what a loop's values can stop: rollback (value_checks.py); the
-weights eval and export see (serving.py). The position travels as a value: passed
+weights eval and export see (serving.py); what the run has done so far, and summary.json
+(run_record.py). The position travels as a value: passed
 and returned, never kept for another method to find.
 """
 import contextlib
+import functools
 import math
 import time
 from typing import Callable
@@ -45,6 +47,7 @@ from trainer.loop import value_checks
 from trainer.loop.batches import TrainBatches, dropped_off_the_main_thread
 from trainer.loop.boundary import (BoundaryWork, Loop, LoopBoundary, ProgressReport,
                                    UserActionGuard, metrics_line)
+from trainer.loop.run_record import RunRecord, Trained
 from trainer.loop.serving import Serving
 from trainer.setup import epochs
 from trainer.store import files
@@ -111,7 +114,11 @@ class Trainer:
     self._train_sums, self._eval_sums = built.train_sums, built.eval_sums
     self._train_loop, self._device_decode = built.train_loop, built.device_decode
     self._on_accelerator = built.on_accelerator
-    self._eval_pass = None  # built on first use: the eval data is distributed once
+    # Built on first use (a training run that never evaluates distributes no eval data),
+    # then the same pass each time.
+    self._eval_pass = functools.cache(lambda: assembly.eval_pass(
+        config, strategy, self.coordinator, self.task, self._eval_sums, self.eval_source,
+        on_accelerator=self._on_accelerator))
     self.train_state = assembly.train_state(config, model_dir, self.task, self.state, strategy,
                                             agreement=self.agreement, is_chief=self.is_chief,
                                             read_only=read_only)
@@ -129,7 +136,7 @@ class Trainer:
                             runtime.num_workers(strategy) == 1)
     for action in self._user_actions:  # a blocked Action cannot keep the job from ending
       action.guard = guard
-    self._serving = Serving(config, self.task, self.state, model_dir=model_dir,
+    self.serving = Serving(config, self.task, self.state, model_dir=model_dir,
                             is_chief=self.is_chief, features_spec=self.features_spec,
                             feature_name=self.train_source.feature_name,
                             probe_features=self._probe[0])
@@ -140,34 +147,25 @@ class Trainer:
                                     epoch_size=epochs.num_examples(self.train_source),
                                     summaries=self.summaries, log_metrics=self._log_metrics)
 
-    # The step of this run's latest loop boundary (None before its first): where the api
-    # reports a failure after it, once train() has raised (an attribute for that reason).
-    self.step_reached: int | None = None
-    self._evaluated_at = None  # the step of the latest eval
-    self._eval_metrics = None
-    self._eval_seconds = 0.0
-    self._checkpoint_seconds = 0.0
+    self.run = RunRecord()  # what the run has done so far (trainer/loop/run_record.py)
 
   # -- the flow ---------------------------------------------------------------
 
   def train(self, *, eval_interval: int) -> dict:
     """Trains to train.steps, evaluating every `eval_interval` steps (0: at the end only)."""
     started = time.perf_counter()
-    config = self.config
-    total, batch_size = config.train.steps, config.train.global_batch_size
-
-    self._serving.served()  # an export that cannot be made is refused now, not after training
+    self.serving.served()  # an export that cannot be made is refused now, not after training
     # Refuses another model's checkpoints (and an unreachable MLflow) before anything is
     # written or moved.
     self.mlflow_log.connect()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
     if self._epoch_plan is not None:  # the same on every worker: the same config
-      self._epoch_plan.check_restored(position.step, position.examples, config.train.steps,
+      self._epoch_plan.check_restored(position.step, position.examples, self.config.train.steps,
                                       any_worker=self.agreement.any)
-    started_at = position.step
+    self.run.started_at, self.run.eval_metrics = position.step, None
     watcher = preemption.PreemptionWatcher(self.agreement)
     boundaries = BoundaryWork(
-        config, eval_interval=eval_interval, user_actions=self._user_actions,
+        self.config, eval_interval=eval_interval, user_actions=self._user_actions,
         evaluate=self.evaluate, save=self.save, save_and_stop=self._save_and_stop,
         progress_report=self._progress, profiler=self.profiler, train_state=self.train_state,
         agreement=self.agreement, clock=self._clock)
@@ -175,95 +173,95 @@ class Trainer:
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     self._begin(position)
-
-    throughput = progress.Throughput()
-    train_metrics, self._eval_metrics = {}, None
-    record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
     with watcher, contextlib.closing(self.profiler):
-      batches = self._batches_from(position)
-      boundaries.schedule.restart_clocks()
-      self.profiler.at_boundary(position.step)
-      stopped_by = None  # the action that stopped training early, if one did
-      while position.step < total and stopped_by is None:
-        num_steps = min(config.train.steps_per_loop, total - position.step,
-                        boundaries.schedule.steps_to_next(position.step))
-        loop_start = time.perf_counter()
-        with (self.summaries.graph_of_first_call(position.step) if record_graph
-              else contextlib.nullcontext()), user_code.running(
-                  f"{type(self.task).__name__}.train_step",
-                  f"in steps {position.step + 1}..{position.step + num_steps}"):
-          state_finite, totals, learning_rates = self._train_loop(
-              batches, tf.constant(num_steps), tf.constant(position.step, tf.int64))
-        record_graph = False
-        train_metrics = self._train_sums.result(totals)  # host sync: the n steps
-        value_checks.refuse_replica_dependent(self.task, self.strategy.num_replicas_in_sync,
-                                              self._train_sums.disagreeing(totals),
-                                              position.step, num_steps)
-        loop_seconds = time.perf_counter() - loop_start
-        reached = position.advance(num_steps, batch_size)
-        non_finite = [name for name in self._train_sums.names
-                      if not math.isfinite(train_metrics[name])]
-        if non_finite or not bool(state_finite):
-          position = self._rollbacks.roll_back(position, reached, non_finite, train_metrics)
-          batches = self._batches_from(position)
-          continue
-        position = reached
-        throughput.add(num_steps * batch_size, loop_seconds)
-        loop = Loop(num_steps, loop_seconds,
-                    self.state.learning_rates(learning_rates))  # the next step's rates
+      trained = self._train_loops(position, boundaries)
+    return self._end_of_run(trained, watcher, started)
 
-        # One collective: a signal on any worker stops them all; the chief's clock says
-        # which clocked actions are due (clocks differ between machines).
-        stop, clock_bits = self.agreement.share(any_of=preemption.requested(),
-                                                chiefs=float(boundaries.schedule.clock_bits()))
-        boundary = self._boundary(position.step, train_metrics, position, loop)
-        if stop:
-          boundaries.preempted(boundary)  # the loop's values logged, its step saved: exit 42
-        self.step_reached = position.step
-        stopped_by = boundaries.run(boundary, int(clock_bits))
-
+  def _train_loops(self, position: Position, boundaries: BoundaryWork) -> Trained:
+    """Compiled loops from `position` to train.steps (or an Action's stop), each followed
+    by its boundary's work: the values logged, a signal agreed, eval, checkpoint, the
+    Actions due. A loop with non-finite values is rolled back (value_checks.py)."""
+    config = self.config
+    total, batch_size = config.train.steps, config.train.global_batch_size
+    throughput = progress.Throughput()
+    train_metrics = {}
+    record_graph = position.step == 0 and self.coordinator is None  # the step graph, once
+    batches = self._batches_from(position)
+    boundaries.schedule.restart_clocks()
+    self.profiler.at_boundary(position.step)
+    stopped_by = None
+    while position.step < total and stopped_by is None:
+      num_steps = min(config.train.steps_per_loop, total - position.step,
+                      boundaries.schedule.steps_to_next(position.step))
+      loop_start = time.perf_counter()
+      with (self.summaries.graph_of_first_call(position.step) if record_graph
+            else contextlib.nullcontext()), user_code.running(
+                f"{type(self.task).__name__}.train_step",
+                f"in steps {position.step + 1}..{position.step + num_steps}"):
+        state_finite, totals, learning_rates = self._train_loop(
+            batches, tf.constant(num_steps), tf.constant(position.step, tf.int64))
+      record_graph = False
+      train_metrics = self._train_sums.result(totals)  # host sync: the n steps
+      value_checks.refuse_replica_dependent(self.task, self.strategy.num_replicas_in_sync,
+                                            self._train_sums.disagreeing(totals),
+                                            position.step, num_steps)
+      loop_seconds = time.perf_counter() - loop_start
+      reached = position.advance(num_steps, batch_size)
+      non_finite = [name for name in self._train_sums.names
+                    if not math.isfinite(train_metrics[name])]
+      if non_finite or not bool(state_finite):
+        position = self._rollbacks.roll_back(position, reached, non_finite, train_metrics)
+        batches = self._batches_from(position)
+        continue
+      position = reached
+      throughput.add(num_steps * batch_size, loop_seconds)
+      loop = Loop(num_steps, loop_seconds,
+                  self.state.learning_rates(learning_rates))  # the next step's rates
+      # One collective: a signal on any worker stops them all; the chief's clock says
+      # which clocked actions are due (clocks differ between machines).
+      stop, clock_bits = self.agreement.share(any_of=preemption.requested(),
+                                              chiefs=float(boundaries.schedule.clock_bits()))
+      boundary = self._boundary(position.step, train_metrics, position, loop)
+      if stop:
+        boundaries.preempted(boundary)  # the loop's values logged, its step saved: exit 42
+      self.run.step_reached = position.step
+      stopped_by = boundaries.run(boundary, int(clock_bits))
     progress.finish()
-    if not train_metrics:  # resumed at the final step: the values the run logged there
-      train_metrics = self.metrics_log.last("train", position.step)
     batches = dropped_off_the_main_thread(batches)
+    return Trained(position, train_metrics, throughput, stopped_by)
+
+  def _end_of_run(self, trained: Trained, watcher, started: float) -> dict:
+    """After the last loop: its step on disk, the final eval, the export, MLflow's end,
+    summary.json and finished.json (what waiters read). A signal agreed before the
+    export ends the run as preempted (exit 42: the step is on disk); from there on it
+    finishes."""
+    step, total = trained.position.step, self.config.train.steps
+    # resumed at the final step: the values the run logged there
+    train_metrics = trained.train_metrics or self.metrics_log.last("train", step)
     self.train_state.wait()  # the final step is on disk before anything reports it
     if watcher.stop_agreed():
-      raise Preempted(position.step)
+      raise Preempted(step)
     # What an Action at a phase from here on saves if it ends the run: the latest loop
     # boundary's position (None if this process trained no step: resumed at the end).
-    trained = position if self.step_reached is not None else None
-    eval_metrics = self._eval_metrics
-    if self._evaluated_at != position.step:  # resumed at the final step, or stopped early
-      eval_metrics = self.evaluate(position.step, trained)
+    position = trained.position if self.run.step_reached is not None else None
+    eval_metrics = self.run.eval_metrics
+    if self.run.evaluated_at != step:  # resumed at the final step, or stopped early
+      eval_metrics = self.evaluate(step, position)
       if watcher.stop_agreed():
-        raise Preempted(position.step)
+        raise Preempted(step)
     self.agreement.at_the_end()  # no worker leaves while a peer still reads its part
-    exported = self.export(position.step, trained)  # a signal from here on: finish, exit 0
+    exported = self.export(step, position)  # a signal from here on: finish, exit 0
     self.mlflow_log.finish(exported)
-    summary = {
-        "step": position.step,
-        # The built-in task's train_loss is the data loss + the regularization, as trained.
-        **{f"train_{name}": train_metrics.get(name) for name in self._train_sums.names},
-        **{f"eval_{name}": eval_metrics.get(name) for name in self._eval_sums.names},
-        "eval_examples": eval_metrics.get("examples", 0),
-        "examples_per_sec": throughput.per_second(),
-        "num_replicas": self.strategy.num_replicas_in_sync,
-        "strategy": config.runtime.strategy,
-        "rollbacks": self._rollbacks.count,
-        # Steps this process trained (0: resumed at the final step; train_* are then the
-        # values logged there).
-        "trained_steps": position.step - started_at,
-        "wall_time_sec": time.perf_counter() - started,
-        "train_time_sec": throughput.seconds,
-        "eval_time_sec": self._eval_seconds,
-        "checkpoint_time_sec": self._checkpoint_seconds,
-    }
-    if stopped_by is not None:
-      summary["stopped_early_by"] = stopped_by
-    self._phases.at_phase("summary", self._boundary(position.step, train_metrics, trained))
+    summary = self.run.summary(
+        trained, {name: train_metrics.get(name) for name in self._train_sums.names},
+        {name: eval_metrics.get(name) for name in self._eval_sums.names},
+        eval_examples=eval_metrics.get("examples", 0), strategy=self.strategy,
+        strategy_name=self.config.runtime.strategy, rollbacks=self._rollbacks.count,
+        wall_seconds=time.perf_counter() - started)
+    self._phases.at_phase("summary", self._boundary(step, train_metrics, position))
     if self.is_chief:
       files.write_json(layout.summary_path(self.model_dir), summary)
-      layout.write_finished(self.model_dir, position.step, total, stopped_by=stopped_by)
+      layout.write_finished(self.model_dir, step, total, stopped_by=trained.stopped_by)
     self.summaries.close()
     self.metrics_log.close()
     return summary
@@ -289,8 +287,8 @@ class Trainer:
                 loop: Loop | None = None) -> LoopBoundary:
     """What the Actions see at `step`; `position`: the loop's (None: no loop behind it)."""
     return LoopBoundary(
-        step=step, train=dict(train_metrics), eval=self._eval_metrics,
-        evaluated=self._evaluated_at == step, model_dir=self.model_dir,
+        step=step, train=dict(train_metrics), eval=self.run.eval_metrics,
+        evaluated=self.run.evaluated_at == step, model_dir=self.model_dir,
         is_chief=self.is_chief, task=self.task, final=step >= self.config.train.steps,
         position=position, loop=loop, state=self.state)
 
@@ -309,13 +307,9 @@ class Trainer:
       return {"examples": 0}
     start = time.perf_counter()
     self._phases.at_phase("eval", self._boundary(step, {}, position))
-    if self._eval_pass is None:
-      self._eval_pass = assembly.eval_pass(
-          self.config, self.strategy, self.coordinator, self.task, self._eval_sums,
-          self.eval_source, on_accelerator=self._on_accelerator)
-    with self._serving.weights(), user_code.running(f"{type(self.task).__name__}.eval_step",
+    with self.serving.weights(), user_code.running(f"{type(self.task).__name__}.eval_step",
                                                     f"in the eval at step {step}"):
-      result = self._eval_sums.result(self._eval_pass())  # host sync
+      result = self._eval_sums.result(self._eval_pass()())  # host sync
     if not result["examples"]:  # a stream that was not empty at start-up: no 0.0 reported
       raise DataError(f"{self.eval_source.where}: the eval pass read no example")
     names = self._eval_sums.names
@@ -324,10 +318,10 @@ class Trainer:
     self.summaries.flush()
     if self._read_only and self.is_chief:  # eval modes hold no lease: their events, now
       files.put_logs(self.model_dir)
-    self._eval_seconds += time.perf_counter() - start
+    self.run.eval_seconds += time.perf_counter() - start
     logging.info("eval at step %d | %s | %d examples", step, metrics_line(result, names),
                  result["examples"])
-    self._eval_metrics, self._evaluated_at = result, step
+    self.run.eval_metrics, self.run.evaluated_at = result, step
     return result
 
   def save(self, position: Position) -> None:
@@ -341,7 +335,7 @@ class Trainer:
     if not self.train_state.save(position):
       return
     blocked = time.perf_counter() - start
-    self._checkpoint_seconds += blocked
+    self.run.checkpoint_seconds += blocked
     if self.is_chief:
       logging.info("checkpoint at step %d started (blocked training %.3fs)", position.step,
                    blocked)
@@ -369,16 +363,6 @@ class Trainer:
     self.metrics_log.write(step, split, values)
     self.mlflow_log.write(step, split, values)
 
-  # -- state in and out: trainer/state/train_state.py ---------------------------
-
-  def restore_latest(self) -> Position | None:
-    """The newest readable checkpoint loaded (trainer/state/train_state.py says how)."""
-    return self.train_state.restore_latest()
-
-  def restore(self, step: int) -> Position | None:
-    """`step` loaded; None (with a warning) if unreadable."""
-    return self.train_state.restore(step)
-
   # -- export ---------------------------------------------------------------------
 
   @property
@@ -389,30 +373,21 @@ class Trainer:
   def exports(self) -> bool:
     """Whether the task's export() serves a model (a Task need not have one); checked as
     export() is: UserError if what it serves cannot be served."""
-    return self._serving.served() is not None
+    return self.serving.served() is not None
 
   def export(self, step: int, position: Position | None = None) -> str | None:
     """SavedModel of what the task serves at export/<step>/ (kept if it already exists);
     None if the task exports nothing. `position`: the loop's, when training exports
     (what an Action at the "export" phase that ends the run saves)."""
-    return self._serving.export(step, before_write=lambda: self._phases.at_phase(
+    return self.serving.export(step, before_write=lambda: self._phases.at_phase(
         "export", self._boundary(step, {}, position)))
 
-  def served(self):
-    """The task's Export, traced (None: it exports nothing)."""
-    return self._serving.served()
-
-  def serving_weights(self):
-    """What eval, export and predict see (EMA unless train.ema_eval=false)."""
-    return self._serving.weights()
-
-  # -- predict ----------------------------------------------------------------------
-
-  def predict(self, step: int) -> dict:
-    """predict.split scored with the restored `step` into its folder, each row once
-    (trainer/loop/predict.py: chunks committed with the position)."""
-    from trainer.loop import predict  # pylint: disable=g-import-not-at-top
-    return predict.predict(self, step)
+  def failure_step(self) -> int | None:
+    """Where a failure after start-up is reported: the latest loop boundary this
+    process reached, else the newest checkpoint."""
+    if self.run.step_reached is not None:
+      return self.run.step_reached
+    return self.train_state.latest_step()
 
   def close(self, *, failing: bool = False) -> None:
     """`failing`: the run is ending with an error already; the TensorBoard rows a full

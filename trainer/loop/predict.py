@@ -116,7 +116,7 @@ def _score(trainer, source, output, step: int) -> dict:
                "(%s) into %s, from row %d", output.num_rows, config.predict.split,
                config.data.name, step, strategy.num_replicas_in_sync,
                config.runtime.strategy, output.directory, start)
-  with trainer.serving_weights():
+  with trainer.serving.weights():
     for batch in dataset:
       if chunk >= output.num_chunks:
         break
@@ -211,7 +211,7 @@ def _predict_function(trainer):
   if type(task).predict_step is not Task.predict_step:
     step_fn = autograph_scope.user_function(task.predict_step)
     return lambda batch, rows: step_fn(batch, PredictContext(rows=rows, seed=seed))
-  served = trainer.served()
+  served = trainer.serving.served()
   if served is None:
     raise UserError(f"{name} has no predict_step and no export(): --mode=predict has no "
                     f"columns to write; define predict_step(batch, step) returning "

@@ -36,7 +36,7 @@ from trainer.cluster import sharding  # pylint: disable=wrong-import-position
 from trainer.store import files  # pylint: disable=wrong-import-position
 from trainer.store import model_dir as layout  # pylint: disable=wrong-import-position
 from trainer.store import storage  # pylint: disable=wrong-import-position
-from trainer.state import write_echoes  # pylint: disable=wrong-import-position
+from trainer.store import library_noise  # pylint: disable=wrong-import-position
 from trainer.errors import StorageError, UserError  # pylint: disable=wrong-import-position
 
 # orbax writes step N to `N.orbax-checkpoint-tmp-<time>` and renames it when complete.
@@ -116,7 +116,7 @@ class Checkpoints:
     self._writer = writer
     self._best_metric = best_metric
     if writer:
-      write_echoes.quiet()  # a failed write is one line, not a traceback per write
+      library_noise.quiet_failed_writes()  # a failed write is one line, not a traceback per write
       options = ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep,
           keep_period=keep_period or None,

@@ -159,8 +159,7 @@ def _check_bucketing(model_dir: str, recorded: dict, where: str, new: dict) -> N
 
 def _recorded_batch_size(model_dir: str):
   """train.global_batch_size of the newest step whose meta holds its config; None if none."""
-  for step in reversed(layout.checkpoint_steps(model_dir)):
-    meta = layout.step_meta(model_dir, step)
+  for _, meta in layout.steps_with_meta(model_dir):
     if meta is not None and isinstance(meta.get("config"), dict):
       return _flat(meta["config"]).get("train.global_batch_size")
   return None
@@ -199,9 +198,8 @@ def model_dir_run(model_dir: str) -> tuple[str | None, str]:
   if recorded:
     return recorded, layout.run_id_path(model_dir)
   runs = {}  # step -> its run id (None: written before run ids)
-  for step in layout.checkpoint_steps(model_dir):
-    meta = layout.step_meta(model_dir, step)
-    if isinstance(meta, dict):
+  for step, meta in layout.steps_with_meta(model_dir):
+    if meta is not None:
       runs[step] = step_run(meta)
   named = set(runs.values())
   if named <= {None}:
@@ -296,9 +294,8 @@ def _recorded(model_dir: str) -> tuple[dict | None, str]:
   from: the newest step's meta that can be read, of this model_dir's run (a step of
   another run is not its record: the restore refuses it); config.json when none can."""
   run, _ = model_dir_run(model_dir)
-  for step in reversed(layout.checkpoint_steps(model_dir)):
+  for step, meta in layout.steps_with_meta(model_dir):
     path = os.path.join(layout.checkpoint_dir(model_dir), str(step), "meta", "metadata")
-    meta = layout.step_meta(model_dir, step)
     if meta is not None and step_run(meta) in (None, run):
       recorded = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
       if isinstance(recorded.get("fixed"), dict):

@@ -61,8 +61,7 @@ def refuse_before_start(model_dir: str, config) -> None:
   now = _shape_before_start(runtime)
   if now is None:
     return
-  for step in reversed(layout.checkpoint_steps(model_dir)):
-    meta = layout.step_meta(model_dir, step)
+  for step, meta in layout.steps_with_meta(model_dir):
     if meta is None:
       continue  # unreadable: the restore sets it aside and judges the step it takes
     recorded = meta.get("dependence")

@@ -39,7 +39,7 @@ from trainer.state import elastic
 from trainer.state import keys
 from trainer.store import model_dir as layout
 from trainer.state import model_weights
-from trainer.state import write_echoes
+from trainer.store import library_noise
 
 
 _FAILED_READ_DRAIN_SECONDS = 1.0
@@ -177,7 +177,7 @@ class TrainState:
     model_variables = self._model_variables
     optimizer_variables = self._optimizer_variables
     problem = None
-    with write_echoes.stderr_captured() as library_output:
+    with library_noise.stderr_captured() as library_output:
       try:
         model_tree, optimizer_tree, meta = self.checkpoints.restore(
             step, checkpoints.variables_tree(model_variables),
@@ -187,7 +187,7 @@ class TrainState:
         # tracebacks to fd 2 from other threads for a moment: let them, unseen.
         library_output.discard()
         problem = e
-        write_echoes.after_failed_read(os.path.join(self.checkpoints.directory, str(step)))
+        library_noise.after_failed_read(os.path.join(self.checkpoints.directory, str(step)))
         time.sleep(_FAILED_READ_DRAIN_SECONDS)
     if problem is not None:
       return None, problem

@@ -32,6 +32,7 @@ symbolic link loop); `check_writable` finds a read-only directory at start-up (e
 as the writer lock finds a model_dir that cannot be created or written at all), not at
 the first save after the training.
 """
+import copy
 import json
 import os
 import tempfile
@@ -144,9 +145,28 @@ def checkpoint_steps(model_dir: str) -> list[int]:
 
 def step_meta(model_dir: str, step: int) -> dict | None:
   """The meta of checkpoints/<step> (orbax's JsonSave of `<step>/meta/metadata`), read as
-  plain JSON; None if it cannot be read."""
-  meta = files.read_json(os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata"))
-  return meta if isinstance(meta, dict) else None
+  plain JSON once per process (again only if the file changed: a step set aside and
+  saved anew); None if it cannot be read."""
+  path = os.path.join(checkpoint_dir(model_dir), str(step), "meta", "metadata")
+  try:
+    info = os.stat(path)
+  except OSError:
+    return None
+  key = (os.path.abspath(path), info.st_mtime_ns, info.st_size)
+  if key not in _METAS:
+    meta = files.read_json(path)
+    _METAS[key] = meta if isinstance(meta, dict) else None
+  return copy.deepcopy(_METAS[key])  # the caller's to change
+
+
+_METAS: dict = {}  # (path, mtime, size) -> meta: step_meta's reads
+
+
+def steps_with_meta(model_dir: str) -> list[tuple[int, dict | None]]:
+  """The index of the checkpoint steps their readers share (the resume's checks of the
+  config, the run id and the shape; the newest data position): (step, its meta or None
+  if unreadable), newest first."""
+  return [(step, step_meta(model_dir, step)) for step in reversed(checkpoint_steps(model_dir))]
 
 
 def newest_data_position(model_dir: str, at_most: int | None = None) -> tuple[int, int] | None:
@@ -157,8 +177,9 @@ def newest_data_position(model_dir: str, at_most: int | None = None) -> tuple[in
   starts: train.epochs' steps are counted from this data position. Only the restore
   proves a step readable, so this is what a resume should find; the Trainer refuses
   a run whose restored position makes other steps (trainer/setup/epochs.py)."""
-  for step in reversed(checkpoint_steps(model_dir)):
-    meta = step_meta(model_dir, step) if at_most is None or step <= at_most else None
+  for step, meta in steps_with_meta(model_dir):
+    if at_most is not None and step > at_most:
+      continue
     if meta is not None and isinstance(meta.get("examples_consumed"), int):
       return step, meta["examples_consumed"]
   return None
