@@ -239,7 +239,7 @@ def refuse_what_the_task_lacks(trainer, mode: str) -> None:
   if mode == "predict":
     from trainer.loop import predict  # pylint: disable=g-import-not-at-top
     predict.refuse_what_cannot_be_predicted(trainer)
-  if mode == "export" and not trainer.exports():
+  if mode == "export" and trainer.serving.served() is None:  # UserError if it cannot serve
     lacks = (f"{name} has no export()" if type(task).export is Task.export
              else f"{name}.export() returns None")
     raise UserError(f"{lacks}: --mode=export has nothing to write (export() returns a "

@@ -110,8 +110,9 @@ CATALOGUE = [
                "[--config.runtime.seed=1-runtime.seed-0-1]")),
     Mutation(
         name="writer_lock_shared",
-        plants="the model_dir lock is a shared flock: two trainers may write one model_dir",
-        file="trainer/store/writer_lock.py",
+        plants="the store's lock is a shared flock: two trainers may write one model_dir "
+               "(two predicts one output)",
+        file="trainer/store/files.py",
         old="fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
         new="fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
         slice=("tests/state/test_one_writer.py::test_lock_unit",)),

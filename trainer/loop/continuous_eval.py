@@ -139,7 +139,7 @@ class ContinuousEval:
                       "before it could be read", step)
       return False
     try:
-      position = self.trainer.train_state.restore(step)
+      position = self.trainer.restore(step)
     except UserError as e:
       self._sleep(_DELETION_GRACE_SECONDS)
       if os.path.isdir(path):

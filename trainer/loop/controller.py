@@ -370,17 +370,16 @@ class Trainer:
     """Whether the task's eval_step reports any value (a Task need not have one)."""
     return bool(self._eval_sums.names)
 
-  def exports(self) -> bool:
-    """Whether the task's export() serves a model (a Task need not have one); checked as
-    export() is: UserError if what it serves cannot be served."""
-    return self.serving.served() is not None
-
   def export(self, step: int, position: Position | None = None) -> str | None:
     """SavedModel of what the task serves at export/<step>/ (kept if it already exists);
     None if the task exports nothing. `position`: the loop's, when training exports
     (what an Action at the "export" phase that ends the run saves)."""
     return self.serving.export(step, before_write=lambda: self._phases.at_phase(
         "export", self._boundary(step, {}, position)))
+
+  def restore(self, step: int) -> Position | None:
+    """`step` loaded (continuous_eval's view of a job); None, with a warning, if unreadable."""
+    return self.train_state.restore(step)
 
   def failure_step(self) -> int | None:
     """Where a failure after start-up is reported: the latest loop boundary this

@@ -17,9 +17,12 @@ What it promises, on every path:
 Appended files (metrics.csv, verify/digests.jsonl) go through `Appender`: each write
 flushed, whole rows pushed to the bucket at each checkpoint and at the end.
 """
+import errno
 import json
 import math
 import os
+import socket
+import time
 
 from absl import logging
 
@@ -221,13 +224,12 @@ class FolderLock:
   lease on a bucket (trainer/store/lease.py). Released by `release()`, or by the process's
   end (the kernel drops a flock; a lease expires)."""
 
-  def __init__(self, fd: int | None = None, lease=None):
-    self._fd, self._lease = fd, lease
+  def __init__(self, path: str, fd: int | None = None, lease=None):
+    self._path, self._fd, self._lease = path, fd, lease
 
   def release(self) -> None:
-    if self._fd is not None:
-      os.close(self._fd)
-      self._fd = None
+    fd, self._fd = self._fd, None
+    unlock(fd, self._path)
     if self._lease is not None:
       lease, self._lease = self._lease, None
       lease.release()
@@ -237,11 +239,12 @@ def lock_folder(directory: str, refusal: str, *, lease_seconds: float) -> Folder
   """The folder's one-writer lock; UserError(`refusal`, and on a bucket the holder) if
   another process holds it."""
   bucket = mirror.of(directory)
+  path = os.path.join(directory, ".lock")
   if bucket is None:
-    return FolderLock(fd=lock(os.path.join(directory, ".lock"), refusal))
+    return FolderLock(path, fd=lock(path, f"{refusal} ({{holder}})"))
   from trainer.store import lease  # pylint: disable=g-import-not-at-top
-  return FolderLock(lease=lease.BucketLease.acquire(bucket, lease_seconds, folder=directory,
-                                                    refusal=refusal))
+  return FolderLock(path, lease=lease.BucketLease.acquire(bucket, lease_seconds,
+                                                          folder=directory, refusal=refusal))
 
 
 def discard(staged: str) -> None:
@@ -283,19 +286,67 @@ class Appender:
         pass  # the lines were flushed; a failing close has nothing left to say
 
 
-def lock(path: str, refusal: str) -> int:
-  """An exclusive lock on the file `path` (created if missing), held until the returned
-  descriptor is closed or the process ends (the kernel drops it, even on SIGKILL); a
-  lock another process holds is refused with `refusal` (UserError, exit 2)."""
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # a file system that cannot lock
+
+
+def lock(path: str, refusal: str) -> int | None:
+  """An exclusive lock on the file `path` (created if missing), held until `unlock` or
+  the process's end (the kernel drops it, SIGKILL included: a stale file means nothing);
+  the holder's host, pid and start written in it. A lock another process holds is
+  refused: UserError(`refusal`, its "{holder}" filled in with that holder), exit 2.
+  Re-checks that the file it locked is still the one at `path` (a holder releasing it
+  removes it), so a release racing a lock never yields two holders. On NFS, Linux
+  implements flock() with byte-range locks, exclusive across machines; a file system
+  that cannot lock gets a warning and None (no lock). Other OSErrors are the caller's."""
   import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  record.note(path, "lock")
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    record.note(path, "lock")
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      raise UserError(refusal.replace("{holder}", _holder(path))) from None
+    except OSError as error:
+      os.close(fd)
+      if error.errno not in _NO_LOCKS:
+        raise
+      logging.warning("cannot lock %s (%s): make sure only one process writes %s", path,
+                      os.strerror(error.errno), os.path.dirname(path))
+      return None
+    if _same_file(fd, path):  # not removed by a holder releasing it meanwhile
+      break
     os.close(fd)
-    raise UserError(refusal) from None
+  os.ftruncate(fd, 0)
+  os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
   return fd
+
+
+def unlock(fd: int | None, path: str) -> None:
+  """Releases `lock`'s lock: the file removed first, then unlocked (a process locking it
+  meanwhile finds its file gone and locks a new one)."""
+  if fd is None:
+    return
+  _remove(path)
+  os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+  try:
+    return os.stat(path).st_ino == os.fstat(fd).st_ino
+  except FileNotFoundError:
+    return False
+
+
+def _holder(path: str) -> str:
+  """'host h, pid 12, since 2025-01-01 10:00:00 +0000' from the lock file."""
+  for _ in range(50):  # the holder writes it right after locking: give it a moment
+    holder = read_json(path)
+    if isinstance(holder, dict) and holder:
+      return f"host {holder.get('host')}, pid {holder.get('pid')}, since {holder.get('since')}"
+    time.sleep(0.01)
+  return f"its host and pid are not in {path} yet"
 
 
 def held(path: str) -> bool:
