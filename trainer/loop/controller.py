@@ -16,8 +16,8 @@ flow runs, assembled before it begins (assembly.py); the training batches from a
 position (batches.py); the work at a loop boundary, distloop's own Actions and the
 user's (boundary.py); what a loop's values can stop: rollback (value_checks.py); the
 weights eval and export see (serving.py); what the run has done so far, and summary.json
-(run_record.py). The position travels as a value: passed
-and returned, never kept for another method to find.
+(run_record.py). The position travels as a value: passed and returned, never kept for
+another method to find.
 """
 import contextlib
 import functools
@@ -137,9 +137,9 @@ class Trainer:
     for action in self._user_actions:  # a blocked Action cannot keep the job from ending
       action.guard = guard
     self.serving = Serving(config, self.task, self.state, model_dir=model_dir,
-                            is_chief=self.is_chief, features_spec=self.features_spec,
-                            feature_name=self.train_source.feature_name,
-                            probe_features=self._probe[0])
+                           is_chief=self.is_chief, features_spec=self.features_spec,
+                           feature_name=self.train_source.feature_name,
+                           probe_features=self._probe[0])
     self._rollbacks = value_checks.Rollbacks(config, self.train_state,
                                              metrics_log=self.metrics_log,
                                              summaries=self.summaries)
