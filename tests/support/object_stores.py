@@ -35,6 +35,7 @@ multipart uploads only; resumable uploads, delete, copy, compose and rewrite ign
 on put_object and complete_multipart_upload, and IfMatch on delete_object.
 """
 # pylint: disable=import-outside-toplevel  (the client libraries load only where a store runs)
+import contextlib
 import ctypes
 import http.client
 import http.server
@@ -142,6 +143,9 @@ class _ProxyServer:
   def __init__(self, scheme: str, upstream_port: int, listener: socket.socket):
     self.scheme, self.upstream_port, self.port = scheme, upstream_port, listener.getsockname()[1]
     self.lock = threading.Lock()
+    # S3 makes a conditional write (If-Match, If-None-Match) atomic; moto's threaded server
+    # compares, then writes (moto/s3/responses.py): two at once could both pass. One at a time.
+    self.conditional_writes = threading.Lock()
     self.connections = set()
     self.listener = None
     self.requests = self.faults = self.counted = 0
@@ -276,23 +280,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
       self.server.record(self.command, self.path, status)
       return
-    upstream = http.client.HTTPConnection(_HOST, self.server.upstream_port, timeout=300)
-    try:  # the client's headers as they are, Host included: SigV4 signs it
-      upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-      for name, value in self.headers.items():
-        if name.lower() not in _HOP_BY_HOP:
-          upstream.putheader(name, value)
-      if body is not None:
-        upstream.putheader("Content-Length", str(len(body)))
-      upstream.endheaders(body)
-      response = upstream.getresponse()
-      data = response.read()
-    except (OSError, http.client.HTTPException):
-      self.send_error(502, "the emulator did not answer")
-      self.server.record(self.command, self.path, 502)
-      return
-    finally:
-      upstream.close()
+    conditional = self.command == "PUT" and ("If-Match" in self.headers
+                                              or "If-None-Match" in self.headers)
+    with self.server.conditional_writes if conditional else contextlib.nullcontext():
+      upstream = http.client.HTTPConnection(_HOST, self.server.upstream_port, timeout=300)
+      try:  # the client's headers as they are, Host included: SigV4 signs it
+        upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+        for name, value in self.headers.items():
+          if name.lower() not in _HOP_BY_HOP:
+            upstream.putheader(name, value)
+        if body is not None:
+          upstream.putheader("Content-Length", str(len(body)))
+        upstream.endheaders(body)
+        response = upstream.getresponse()
+        data = response.read()
+      except (OSError, http.client.HTTPException):
+        self.send_error(502, "the emulator did not answer")
+        self.server.record(self.command, self.path, 502)
+        return
+      finally:
+        upstream.close()
     self.send_response_only(response.status, response.reason)
     bodyless = self.command == "HEAD" or response.status in (204, 304)  # their length as is
     for name, value in response.getheaders():
