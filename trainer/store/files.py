@@ -299,9 +299,9 @@ def lock(path: str, refusal: str) -> int | None:
   implements flock() with byte-range locks, exclusive across machines; a file system
   that cannot lock gets a warning and None (no lock). Other OSErrors are the caller's."""
   import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only)
+  record.note(path, "lock")
   while True:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    record.note(path, "lock")
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

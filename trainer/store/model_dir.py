@@ -143,6 +143,9 @@ def checkpoint_steps(model_dir: str) -> list[int]:
   return sorted(int(name) for name in names if name.isdigit())
 
 
+_METAS: dict = {}  # (path, mtime, size) -> meta: step_meta's reads
+
+
 def step_meta(model_dir: str, step: int) -> dict | None:
   """The meta of checkpoints/<step> (orbax's JsonSave of `<step>/meta/metadata`), read as
   plain JSON once per process (again only if the file changed: a step set aside and
@@ -157,9 +160,6 @@ def step_meta(model_dir: str, step: int) -> dict | None:
     meta = files.read_json(path)
     _METAS[key] = meta if isinstance(meta, dict) else None
   return copy.deepcopy(_METAS[key])  # the caller's to change
-
-
-_METAS: dict = {}  # (path, mtime, size) -> meta: step_meta's reads
 
 
 def steps_with_meta(model_dir: str) -> list[tuple[int, dict | None]]:

@@ -1,5 +1,5 @@
 """The store's own record of what it put under a model_dir, for the audit that nothing
-else does (tests/store/test_record_of_writes.py runs every mode and compares).
+else does (tests/state/test_record_of_writes.py runs every mode and compares).
 
 With DISTLOOP_STORE_RECORD=FILE, each path the store writes, commits, fetches from a
 bucket, locks or hands to a library (orbax's steps, TensorBoard's event files, the
