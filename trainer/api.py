@@ -28,6 +28,7 @@ from absl import logging
 import input_pipelines
 from input_pipelines.native_output import native_startup_silenced
 from trainer.store import library_noise
+from trainer.cluster import first_import
 from trainer.cluster import kubernetes
 from trainer.cluster import preemption
 from trainer.loop import continuous_eval
@@ -153,7 +154,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
     if training and _already_finished(model_dir, config):
       return {**layout.read_summary(model_dir), "already_finished": True}
   epochs.say_replaced()  # the command line's length, past the refusals of config and data
-  with native_startup_silenced():  # TensorFlow's and orbax's start-up lines
+  with native_startup_silenced(), first_import.collector_paused():  # TF's, orbax's lines
     from trainer.cluster import runtime  # pylint: disable=g-import-not-at-top
     from trainer.loop import controller  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   strategy, chief = runtime.start(config, splits, training=training)

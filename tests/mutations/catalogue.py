@@ -109,6 +109,14 @@ CATALOGUE = [
                "tests/setup/test_resume_config.py::test_changing_a_fixed_field_on_resume_is_refused"
                "[--config.runtime.seed=1-runtime.seed-0-1]")),
     Mutation(
+        name="collector_left_off",
+        plants="the garbage collector paused for TensorFlow's first import is never turned on "
+               "again: a training grows by every reference cycle it makes",
+        file="trainer/cluster/first_import.py",
+        old="  finally:\n    gc.enable()\n",
+        new="  finally:\n    pass\n",
+        slice=("tests/cluster/test_first_import.py",)),
+    Mutation(
         name="writer_lock_shared",
         plants="the store's lock is a shared flock: two trainers may write one model_dir "
                "(two predicts one output)",
