@@ -14,7 +14,7 @@ import pytest
 from trainer.cluster import first_import
 
 FIRST_IMPORT = """
-import gc, sys
+import gc
 from trainer.cluster import first_import
 frozen_before = gc.get_freeze_count()
 {setup}
@@ -54,7 +54,7 @@ def test_a_collector_the_user_turned_off_stays_off_and_nothing_is_frozen():
 
 @pytest.mark.filterwarnings("ignore")
 def test_nothing_changes_once_tensorflow_is_imported():
-  import tensorflow  # noqa: F401  (this process's conftest imported it already)
+  import tensorflow  # noqa: F401  (so this process's first import is behind it)
   frozen_before = gc.get_freeze_count()
   with first_import.collector_paused():
     assert gc.isenabled()

@@ -6,7 +6,7 @@ the whole heap now and then: 17% of the import's CPU time (py-spy, 2026-12-07), 
 later full collection (tracing allocates enough to start several) walks every module once
 more. So the first import runs with the collector paused, and what it created is then
 frozen (`gc.freeze`: left out of later collections; reference counting still frees it).
-A 1-step `python -m trainer` run: 7.0 s -> 5.5 s of CPU, paid by every trainer process.
+A 1-step `python -m trainer` run: 1.12x less CPU (docs/performance.md), in every trainer process.
 
 Nothing changes where TensorFlow is already imported (a test process, a notebook that
 built its model first) or where the collector is off already (the user's choice).
