@@ -90,8 +90,8 @@ def test_two_ray_workers_reach_the_weights_of_two_replicas(ray_run, two_replicas
   assert summary["num_replicas"] == 2 and summary["strategy"] == "multi_worker_mirrored"
   assert summary["step"] == _STEPS
   # Plain SGD: equal weights mean the same gradients, reduced once, at every step
-  # (measured: bit for bit; a gradient counted twice is off by 1e-2 or more). The same job
-  # through trainer.launch reaches these weights in tests/cluster/test_multi_worker.py.
+  # (measured: bit for bit; a gradient counted twice is off by 1e-2 or more). That
+  # trainer.launch's 2 workers reach 2 replicas' weights is tests/cluster/test_multi_worker.py's.
   assert_same_state(arrays, two_replicas, atol=1e-6)
 
 
