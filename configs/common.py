@@ -106,7 +106,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.runtime.intra_op_threads = 0  # threads per op (TF's intra-op pool; the summation order follows it); 0 = auto: 1 under deterministic, else the process's cores / num_cpu_devices; at most max(1024, cores)
   config.runtime.all_reduce_bytes_per_pack = 0        # gradient all-reduce packing; 0 = one pack
   config.runtime.all_reduce_implementation = "auto"   # auto | ring | nccl (multi-worker collectives)
-  config.runtime.mlflow_uri = ""       # also log params, metrics and the export to this MLflow tracking URI (http://HOST:PORT, file:DIR, ...); needs pip install -e '.[mlflow]'; "" = off
+  config.runtime.loggers = "tensorboard,csv"  # where the run reports (trainer/reporters/): tensorboard, csv (metrics.csv), mlflow, wandb, MODULE:CLASS (a trainer.Reporter of yours); comma-separated
+  config.runtime.wandb_project = "distloop"  # loggers=wandb: the W&B project (entity, mode, key: W&B's own WANDB_* variables); needs pip install -e '.[wandb]'
+  config.runtime.wandb_export = False  # loggers=wandb: also log the exported SavedModel as a W&B model artifact
+  config.runtime.mlflow_uri = ""       # log params, metrics and the export to this MLflow tracking URI (http://HOST:PORT, sqlite:///PATH, ...; adds mlflow to runtime.loggers); needs pip install -e '.[mlflow]'; "" = off
   config.runtime.mlflow_experiment = "distloop"  # mlflow_uri: the MLflow experiment of the run
   config.runtime.profile_steps = ""   # "START,END": a tf.profiler trace of those steps into tensorboard/
   config.runtime.jit_compile = "auto"  # XLA for the whole step: "true" | "false" | "auto" (= on GPU/TPU, off on CPU: measured)

@@ -22,6 +22,7 @@ import pytest
 from tests.support.cli import FASHION_MNIST_DIR, REPO, run_trainer, train_ok
 from tests.support.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
                              loopback_only, needs_loopback)
+from tests.support.profiles import step_markers
 
 pytestmark = pytest.mark.slow  # python -m pytest -m slow (CI runs these too)
 
@@ -195,14 +196,18 @@ def test_central_storage_trains_like_mirrored(tmp_path, two_replicas):
 
 def test_profile_window_cuts_every_workers_loops_at_its_edges(tmp_path, two_replicas):
   """Window edges 12 and 17 are not loop boundaries (every 5 steps): every worker must
-  stop its loop there too, or their collectives no longer pair up and the job hangs."""
+  stop its loop there too, and at each step between (one step per loop, each with its
+  step marker), or their collectives no longer pair up and the job hangs. The chief
+  traces (trainer/loop/profiling.py says why not every worker), and the 1-step loops
+  leave the weights as they are."""
   job = _launch(tmp_path, "--num_workers=2", "--max_restarts=0",
                 trainer_flags=[*_FLAGS, "--config.runtime.profile_steps=12,17"])
   assert job.finish(_HANG) == 0, job.output[-3000:]
   boundaries = _steps_logged(job, "worker-0")
-  assert {12, 17} <= set(boundaries) and _steps_logged(job, "worker-1") == boundaries
-  traces = glob.glob(f"{tmp_path}/tensorboard/plugins/profile/*/*.xplane.pb")
+  assert set(range(12, 18)) <= set(boundaries) and _steps_logged(job, "worker-1") == boundaries
+  traces = glob.glob(f"{tmp_path}/tensorboard/**/*.xplane.pb", recursive=True)
   assert len(traces) == 1, traces  # the chief's only
+  assert step_markers(traces[0]) == dict.fromkeys(range(13, 18), 1)
   assert_same_state(checkpoint_arrays(tmp_path, _STEPS), two_replicas, atol=1e-5)
 
 

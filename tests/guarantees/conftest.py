@@ -147,6 +147,10 @@ BUCKET_CHECKS = ("sigterm", "sigkill", "eval", "export")
 # The rerun after a SIGKILL waits out the dead holder's writer lease (trainer/store/lease.py):
 # 2 s, not the default 60.
 BUCKET_FLAGS = ("--config.checkpoint.lease_seconds=2",)
+# The interrupted run's three processes report to a user's tracker too (it cannot delete a
+# step: trainer/reporters/fan_out.py hands it each step once), which notes every call in
+# `tracker_calls(model_dir)`, beside the model_dir.
+TRACKER_FLAGS = ("--config.runtime.loggers=tensorboard,csv,tests.plugins.trackers:Recorder",)
 # The step whose upload the SIGKILL cuts short on a bucket (steps 30-35 on disk).
 KILLED_UPLOAD = 30
 
@@ -334,11 +338,12 @@ class Runs:
       workload = catalogue.BY_NAME[name]
       if store is None:
         model_dir = target = self._dir(name, shape, "interrupted")
-        args, env = flags(workload, shape), None
+        args, env = flags(workload, shape, *TRACKER_FLAGS), {}
       else:
         model_dir = self._dir(name, shape, storage, "interrupted")  # the download
         target = store.new_url(f"{name}-{shape}")
-        args, env = flags(workload, shape, *BUCKET_FLAGS), store.env
+        args, env = flags(workload, shape, *BUCKET_FLAGS, *TRACKER_FLAGS), dict(store.env)
+      env["DISTLOOP_TRACKER_CALLS"] = tracker_calls(model_dir)
       stopped = TrainerProcess(target, *args, env={**ENV, **(env or {})})
       code = stopped.stop_at(rf"step 5/{catalogue.STEPS}", timeout=TIMEOUT)
       assert code == 42, f"SIGTERM: exit {code}\n{stopped.output[-3000:]}"
@@ -408,6 +413,17 @@ class Runs:
       result = trainer_run(model_dir, *flags(workload, "1", *workload.sgd_flags), "--mode=train")
       return Elastic(model_dir, before, result)
     return self._once(("elastic", name, shape), make)
+
+
+def tracker_calls(model_dir) -> str:
+  return f"{model_dir}.tracker.jsonl"
+
+
+def train_rows(model_dir) -> dict:
+  """metrics.csv's train values: {(step, name): value}."""
+  with open(os.path.join(str(model_dir), "metrics.csv"), newline="") as f:
+    return {(int(row["step"]), row["name"]): float(row["value"])
+            for row in csv.DictReader(f) if row["split"] == "train"}
 
 
 def eval_rows(model_dir) -> dict:

@@ -23,7 +23,8 @@ from tests.guarantees import catalogue
 from tests.guarantees.conftest import (SAMPLED_OUT, sampled_out)
 from tests.guarantees.conftest import (BUCKET_CHECKS, BUCKET_FLAGS, BUCKET_SHAPES,
                                        BUCKET_WORKLOADS, ORDER_SHAPES, SHAPES, STORAGES, arrays,
-                                       complete_steps, digests, eval_rows, flags, trainer_run)
+                                       complete_steps, digests, eval_rows, flags, trainer_run,
+                                       tracker_calls, train_rows)
 
 FAST = {("eval", "cnn", "1"), ("export", "cnn", "1"), ("refused", "softmax_head", "1")}
 # A resume is bit for bit: the same kernels, threads and batches in the same order
@@ -113,6 +114,26 @@ def test_sigkill_resume_equals_uninterrupted(runs, store, name, shape, storage):
   assert_same({key: summary.get(key, np.nan) for key in _eval_values(expected)},
               {key: expected[key] for key in _eval_values(expected)}, RESUME_TOLERANCE,
               f"the final eval after a SIGKILL at step {run.killed_after} (summary.json)")
+  assert_each_step_reached_the_tracker_once(run)
+
+
+def assert_each_step_reached_the_tracker_once(run) -> None:
+  """The interrupted run's user tracker (conftest.TRACKER_FLAGS), which cannot delete a
+  step, got each step metrics.csv holds exactly once, across the SIGTERM, the SIGKILL and
+  both resumes (steps past the restored one were handed to it by the killed process:
+  their values are the ones trained again, the trajectory being the same). Catches: a
+  step handed twice after a resume (tests/mutations: tracker_handed_a_step_twice), on a
+  bucket reporters.json not staged back."""
+  with open(tracker_calls(run.model_dir)) as f:
+    calls = [json.loads(line) for line in f]
+  handed = [(call[1], call[2]) for call in calls if call[0] == "write"]
+  assert len(handed) == len(set(handed)), f"handed twice: {sorted(handed)}"
+  logged = train_rows(run.model_dir)
+  losses = {(step, "loss"): values["loss"] for kind, step, split, values in
+            (call for call in calls if call[0] == "write") if split == "train"}
+  assert {step for step, split in handed if split == "train"} == {step for step, _ in logged}
+  assert_same(losses, {key: value for key, value in logged.items() if key[1] == "loss"},
+              RESUME_TOLERANCE, "the loss the tracker got, against metrics.csv")
 
 
 def assert_verified(reference, run, name: str) -> None:

@@ -1,10 +1,13 @@
-"""runtime.mlflow_uri against a real MLflow tracking server (sqlite backend, 127.0.0.1),
-read back through its REST API; and the one-line refusals without the client or a server.
+"""runtime.mlflow_uri: the one-line refusals without the client or a server, a signal
+never waiting on MLflow, a deleted MLflow run; the tracking server fixture (sqlite
+backend, 127.0.0.1) that tests/outputs/test_trackers.py reads a run back from, through
+MLflow's REST API (params, each step once across SIGTERM, SIGKILL and a rollback, the
+values, the export).
 
 The server is full `mlflow` in an environment of its own (DISTLOOP_MLFLOW_SERVER: its
 `mlflow` executable; .ci/run makes one): distloop needs only the mlflow-skinny client.
 """
-import csv
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.cli import run_trainer, train_ok
+from tests.support.cli import run_trainer
 
 _CLIENT = importlib.util.find_spec("mlflow") is not None
 _SERVER = os.environ.get("DISTLOOP_MLFLOW_SERVER", "")
@@ -48,6 +51,12 @@ def test_a_server_that_cannot_be_reached_is_one_line_and_leaves_nothing(tmp_path
 @pytest.fixture(name="server")
 def fixture_server(tmp_path):
   """A tracking server on 127.0.0.1 (sqlite, artifacts proxied), its base URL."""
+  with tracking_server(tmp_path) as url:
+    yield url
+
+
+@contextlib.contextmanager
+def tracking_server(tmp_path):
   if not _CLIENT or not _SERVER:
     pytest.skip("needs the MLflow client (pip install -e '.[mlflow]') and a server: "
                 "DISTLOOP_MLFLOW_SERVER=<a full mlflow install>/bin/mlflow (.ci/run sets both)")
@@ -92,52 +101,17 @@ def _rest(url: str, endpoint: str, body: dict | None = None, **query) -> dict:
     return json.loads(response.read() or b"{}")
 
 
-@pytest.mark.slow
-def test_params_metrics_and_the_export_reach_the_server_and_a_resume_logs_on(server, tmp_path):
-  """Catches: params or metrics not sent (or under other names or steps), values that
-  differ from what distloop reports, the export not uploaded, a resume opening a second
-  MLflow run (or re-sending params, which MLflow refuses)."""
-  model_dir = tmp_path / "run"
-  train_ok(model_dir, *_FLAGS, f"--config.runtime.mlflow_uri={server}")
-  experiment = _rest(server, "experiments/get-by-name", experiment_name="distloop")
-  experiment_id = experiment["experiment"]["experiment_id"]
-  (run,) = _rest(server, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
-  run_id = run["info"]["run_id"]
-  assert run["info"]["status"] == "FINISHED"
-  params = {p["key"]: p["value"] for p in run["data"]["params"]}
-  assert params["train.steps"] == "20" and params["model.name"] == "mnist_cnn"
-
-  def history(key):
-    return {m["step"]: m["value"] for m in
-            _rest(server, "metrics/get-history", run_id=run_id, metric_key=key)["metrics"]}
-
-  with open(model_dir / "metrics.csv", newline="") as f:
-    logged = {(int(r["step"]), r["split"], r["name"]): float(r["value"]) for r in csv.DictReader(f)}
-  for key in ("train/loss", "train/accuracy", "eval/loss", "eval/accuracy"):
-    split, name = key.split("/")
-    values = history(key)
-    assert sorted(values) == [10, 20], (key, values)
-    for step, value in values.items():
-      assert value == pytest.approx(logged[step, split, name], rel=1e-6), key
-  files = {os.path.basename(f["path"]) for f in
-           _rest(server, "artifacts/list", run_id=run_id, path="export/20").get("files", [])}
-  assert "saved_model.pb" in files, files
-
-  train_ok(model_dir, *_FLAGS, "--config.train.steps=30", f"--config.runtime.mlflow_uri={server}")
-  runs = _rest(server, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
-  assert [r["info"]["run_id"] for r in runs] == [run_id]
-  assert sorted(history("train/loss")) == [10, 20, 30]
-
-
 def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
   """A tracking server that stops answering (SIGSTOPped) held a preempted run for the
   client's 20 s timeout per call (20-39 s from SIGTERM to exit 42, past Kubernetes' 30 s
   grace): a call in flight when the signal arrives is left, logging stops, the exit
-  goes on. A fake client stands for the silent server (no MLflow needed)."""
+  goes on (trainer/reporters/fan_out.py bounds every tracker's call). A fake client
+  stands for the silent server (no MLflow needed)."""
   import signal  # pylint: disable=import-outside-toplevel
   import threading  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from trainer.cluster import preemption  # pylint: disable=import-outside-toplevel
+  from trainer.reporters import fan_out  # pylint: disable=import-outside-toplevel
   from trainer.reporters import mlflow_log  # pylint: disable=import-outside-toplevel
 
   released = threading.Event()
@@ -148,15 +122,15 @@ def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
       released.wait(15)  # what a stopped server's socket does, up to the client's timeout
 
   log = mlflow_log.MlflowLog(ml_collections.ConfigDict(
-      {"mlflow_uri": "http://127.0.0.1:9", "mlflow_experiment": "distloop"}), str(tmp_path),
-      enabled=True)
+      {"mlflow_uri": "http://127.0.0.1:9", "mlflow_experiment": "distloop"}), str(tmp_path))
   log._client, log._run_id = SilentServer(), "run"  # pylint: disable=protected-access
+  reporters = fan_out.Reporters([("mlflow", log)], str(tmp_path), enabled=True)
   assert preemption.install()
   timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
   try:
     timer.start()
     start = time.monotonic()
-    log.finish(None)
+    reporters.finish({}, None)
     waited = time.monotonic() - start
   finally:
     timer.cancel()
@@ -164,7 +138,7 @@ def test_a_signal_never_waits_on_an_mlflow_call(tmp_path):
     preemption.uninstall()
     preemption.clear()
   assert waited < 3, f"waited {waited:.1f} s on the MLflow call after the signal"
-  assert log._run_id is None  # pylint: disable=protected-access  (logging stopped)
+  assert reporters.labels == []  # logging stopped
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from tests.support.cli import train_ok
+from tests.support.profiles import step_markers
 
 _STEPS = 200
 
@@ -71,7 +72,7 @@ def test_train_and_eval_scalars_are_served(tensorboard):
 def test_loss_falls_and_the_learning_rate_follows_its_schedule(tensorboard):
   _, request = tensorboard
   loss = [value for _, _, value in request("/data/plugin/scalars/scalars?run=train&tag=loss")]
-  assert len(loss) == _STEPS // 25 and loss[-1] < loss[0] / 3
+  assert len(loss) == _STEPS // 25 + 24 and loss[-1] < loss[0] / 3  # a row per profiled step
   rate = {step: value for _, step, value in
           request("/data/plugin/scalars/scalars?run=train&tag=learning_rate")}
   assert rate[25] < rate[50]  # warming up
@@ -92,8 +93,11 @@ def test_hparams_config_images_and_graph_are_served(tensorboard):
 
 
 def test_profile_window_writes_a_trace(tensorboard):
+  """Steps 101..125, each a loop of its own with its step marker, once each: what
+  TensorBoard's overview and step-time pages show (without: "No step marker observed")."""
   model_dir, _ = tensorboard
-  assert glob.glob(f"{model_dir}/tensorboard/plugins/profile/*/*.xplane.pb")
+  (trace,) = glob.glob(f"{model_dir}/tensorboard/plugins/profile/*/*.xplane.pb")
+  assert step_markers(trace) == dict.fromkeys(range(101, 126), 1)
 
 
 def test_a_row_of_scalars_is_what_tensorboards_own_scalar_summaries_hold():

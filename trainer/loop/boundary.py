@@ -163,16 +163,14 @@ class BoundaryWork:
 
 
 class ProgressReport:
-  """The progress line and TensorBoard's train scalars of the loop that just ended (the
-  "progress" action); `log_metrics(step, split, values)`: metrics.csv and MLflow."""
+  """The progress line and the train values of the loop that just ended (the "progress"
+  action); `log_metrics(step, split, values)`: every reporter (trainer/reporters/)."""
 
-  def __init__(self, config, train_sums, *, epoch_size: int | None, summaries,
-               log_metrics: Callable):
+  def __init__(self, config, train_sums, *, epoch_size: int | None, log_metrics: Callable):
     self._config = config
     self._sums = train_sums
     self._shown = [name for name in train_sums.names if name != "regularization_loss"]
     self._epoch_size = epoch_size  # None: a tf.data stream
-    self._summaries = summaries
     self._log_metrics = log_metrics
 
   def report(self, boundary: LoopBoundary) -> None:
@@ -185,7 +183,6 @@ class ProgressReport:
         **loop.learning_rates, "examples_per_sec": examples_per_sec,
         "steps_per_sec": loop.steps / loop.seconds,
         **{name: metrics[name] for name in self._sums.norm_names if name in metrics}}
-    self._summaries.scalars("train", step, reported)
     self._log_metrics(step, "train", reported)
     rates = " ".join(f"{rate:.3g}" for rate in loop.learning_rates.values())
     total = self._config.train.steps

@@ -38,8 +38,8 @@ from trainer.errors import Preempted, StorageError
 from trainer.loop import actions as actions_module
 from trainer.loop import assembly
 from trainer.loop import digests
+from trainer.reporters import fan_out
 from trainer.reporters import metrics_log
-from trainer.reporters import mlflow_log
 from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.reporters import summaries
@@ -123,10 +123,15 @@ class Trainer:
                                             agreement=self.agreement, is_chief=self.is_chief,
                                             read_only=read_only)
     self.checkpoints = self.train_state.checkpoints  # continuous_eval and the api read it
-    self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief)
-    self.metrics_log = metrics_log.MetricsLog(model_dir, enabled=self.is_chief and not read_only)
-    self.mlflow_log = mlflow_log.MlflowLog(config.runtime, model_dir,
-                                           enabled=self.is_chief and not read_only)
+    # What the run reports (runtime.loggers: trainer/reporters/), on the chief.
+    loggers = fan_out.selected(config.runtime)
+    self.summaries = summaries.Summaries(model_dir, enabled=self.is_chief and
+                                         "tensorboard" in loggers)
+    self.metrics_log = metrics_log.MetricsLog(
+        model_dir, enabled=self.is_chief and not read_only and "csv" in loggers)
+    self.reporters = fan_out.build(config, model_dir, summaries=self.summaries,
+                                   metrics_log=self.metrics_log, enabled=self.is_chief,
+                                   read_only=read_only)
     self.profiler = profiling.ProfileWindow(config.runtime.profile_steps, self.summaries.root,
                                             trace=self.is_chief)
 
@@ -140,12 +145,10 @@ class Trainer:
                            is_chief=self.is_chief, features_spec=self.features_spec,
                            feature_name=self.train_source.feature_name,
                            probe_features=self._probe[0])
-    self._rollbacks = value_checks.Rollbacks(config, self.train_state,
-                                             metrics_log=self.metrics_log,
-                                             summaries=self.summaries)
+    self._rollbacks = value_checks.Rollbacks(config, self.train_state, reporters=self.reporters)
     self._progress = ProgressReport(config, self._train_sums,
                                     epoch_size=epochs.num_examples(self.train_source),
-                                    summaries=self.summaries, log_metrics=self._log_metrics)
+                                    log_metrics=self.reporters.write)
 
     self.run = RunRecord()  # what the run has done so far (trainer/loop/run_record.py)
 
@@ -155,9 +158,9 @@ class Trainer:
     """Trains to train.steps, evaluating every `eval_interval` steps (0: at the end only)."""
     started = time.perf_counter()
     self.serving.served()  # an export that cannot be made is refused now, not after training
-    # Refuses another model's checkpoints (and an unreachable MLflow) before anything is
-    # written or moved.
-    self.mlflow_log.connect()
+    # Refuses another model's checkpoints (and a tracker that cannot be reached) before
+    # anything is written or moved.
+    self.reporters.check()
     position = self.train_state.restore_latest() or self.train_state.warm_start()
     if self._epoch_plan is not None:  # the same on every worker: the same config
       self._epoch_plan.check_restored(position.step, position.examples, self.config.train.steps,
@@ -194,8 +197,9 @@ class Trainer:
       num_steps = min(config.train.steps_per_loop, total - position.step,
                       boundaries.schedule.steps_to_next(position.step))
       loop_start = time.perf_counter()
-      with (self.summaries.graph_of_first_call(position.step) if record_graph
-            else contextlib.nullcontext()), user_code.running(
+      with self.profiler.step(position.step + 1), (
+          self.summaries.graph_of_first_call(position.step) if record_graph
+          else contextlib.nullcontext()), user_code.running(
                 f"{type(self.task).__name__}.train_step",
                 f"in steps {position.step + 1}..{position.step + num_steps}"):
         state_finite, totals, learning_rates = self._train_loop(
@@ -251,32 +255,29 @@ class Trainer:
         raise Preempted(step)
     self.agreement.at_the_end()  # no worker leaves while a peer still reads its part
     exported = self.export(step, position)  # a signal from here on: finish, exit 0
-    self.mlflow_log.finish(exported)
     summary = self.run.summary(
         trained, {name: train_metrics.get(name) for name in self._train_sums.names},
         {name: eval_metrics.get(name) for name in self._eval_sums.names},
         eval_examples=eval_metrics.get("examples", 0), strategy=self.strategy,
         strategy_name=self.config.runtime.strategy, rollbacks=self._rollbacks.count,
         wall_seconds=time.perf_counter() - started)
+    self.reporters.finish(summary, exported)
     self._phases.at_phase("summary", self._boundary(step, train_metrics, position))
     if self.is_chief:
       files.write_json(layout.summary_path(self.model_dir), summary)
       layout.write_finished(self.model_dir, step, total, stopped_by=trained.stopped_by)
-    self.summaries.close()
-    self.metrics_log.close()
+    self.reporters.close()
     return summary
 
   def _begin(self, position: Position) -> None:
-    """Before the first loop: the run recorded (config.json, run_id.json, MLflow) and
-    described (the log, TensorBoard)."""
+    """Before the first loop: the run recorded (config.json, run_id.json, the trackers'
+    runs, each rewound to this step: no step reported twice) and described (TensorBoard)."""
     config = self.config
-    self.mlflow_log.start(config.to_dict())  # may refuse (exit 2): before any write
+    self.reporters.start(config.to_dict(), position.step)  # may refuse (exit 2)
     if self.is_chief:
       layout.record_config(self.model_dir, config.to_dict(), position.step)
       self.train_state.record_run()  # run_id.json: the run the steps saved from now name
       layout.clear_finished(self.model_dir)  # training again: not finished until it ends
-    self.metrics_log.restart_at(position.step)  # a step re-trained is logged once
-    self.summaries.restart_at(position.step)
     self.summaries.describe_run(position.step, config.to_dict())
     if position.step == 0 and summaries.looks_like_images(self._probe[0]):
       self.summaries.sample_images(0, self._probe[0].numpy())
@@ -313,8 +314,7 @@ class Trainer:
     if not result["examples"]:  # a stream that was not empty at start-up: no 0.0 reported
       raise DataError(f"{self.eval_source.where}: the eval pass read no example")
     names = self._eval_sums.names
-    self.summaries.scalars("eval", step, {name: result[name] for name in names})
-    self._log_metrics(step, "eval", {name: result[name] for name in [*names, "examples"]})
+    self.reporters.write(step, "eval", {name: result[name] for name in [*names, "examples"]})
     self.summaries.flush()
     if self._read_only and self.is_chief:  # eval modes hold no lease: their events, now
       files.put_logs(self.model_dir)
@@ -358,11 +358,6 @@ class Trainer:
                       last_complete=self.train_state.latest_step())
     raise Preempted(position.step)
 
-  def _log_metrics(self, step: int, split: str, values: dict) -> None:
-    """metrics.csv, and MLflow with runtime.mlflow_uri (TensorBoard has them already)."""
-    self.metrics_log.write(step, split, values)
-    self.mlflow_log.write(step, split, values)
-
   # -- export ---------------------------------------------------------------------
 
   @property
@@ -394,4 +389,4 @@ class Trainer:
     preemption's exit 42 included)."""
     self.train_state.close()
     self.summaries.close(quiet=failing)
-    self.metrics_log.close()
+    self.reporters.close()  # the trackers' runs end; the store's writers are closed by then

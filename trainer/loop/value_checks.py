@@ -17,11 +17,10 @@ from trainer.state.train_state import Position
 class Rollbacks:
   """The run's rollbacks; `count` of them so far (summary.json's `rollbacks`)."""
 
-  def __init__(self, config, train_state, *, metrics_log, summaries):
+  def __init__(self, config, train_state, *, reporters):
     self._config = config
     self._train_state = train_state
-    self._metrics_log = metrics_log
-    self._summaries = summaries
+    self._reporters = reporters  # rewound to the step restored (no step reported twice)
     self.count = 0
 
   def roll_back(self, position: Position, reached: Position, non_finite: list,
@@ -45,8 +44,7 @@ class Rollbacks:
     if restored is None:
       raise NonFiniteError(f"{what} {where}, and no checkpoint to roll back to")
     self.count += 1
-    self._metrics_log.restart_at(restored.step)
-    self._summaries.restart_at(restored.step)
+    self._reporters.rewind(restored.step)
     logging.warning("%s %s: rolled back to step %d and skipped the data up to example %d "
                     "(rollback %d of %d)", what, where, restored.step, reached.examples,
                     self.count, self._config.train.max_rollbacks)

@@ -11,6 +11,7 @@ import csv
 import io
 import os
 
+from trainer.reporters.contract import Reporter
 from trainer.store import files
 from trainer.store import model_dir as layout
 from trainer.store import storage
@@ -18,8 +19,12 @@ from trainer.store import storage
 HEADER = ["step", "split", "name", "value"]
 
 
-class MetricsLog:
-  """The chief's metrics.csv; other workers hold one that writes nothing."""
+class MetricsLog(Reporter):
+  """runtime.loggers' `csv` (contract.py): the chief's metrics.csv; other workers (and a
+  run without `csv`) hold one that writes nothing."""
+
+  writes_model_dir = True  # the store's writer: a full disk is the run's failure
+  can_rewind = True  # restart_at drops the rows past the step
 
   def __init__(self, model_dir: str, *, enabled: bool):
     self.path = layout.metrics_csv_path(model_dir)
@@ -35,6 +40,9 @@ class MetricsLog:
       kept = [row for row in csv.reader(f) if _whole(row) and int(row[0]) <= step]
     files.write_text(self.path, _csv([HEADER, *kept]), what="metrics.csv")
 
+  def rewind(self, step: int) -> None:
+    self.restart_at(step)
+
   def last(self, split: str, step: int) -> dict:
     """{name: value} of the last `split` row at or before `step` ({} if none, or on a worker
     that writes none): what a process that trained no step reports (resumed at the
@@ -49,6 +57,18 @@ class MetricsLog:
             found, at = {}, int(row[0])
           found[row[2]] = float(row[3])
     return found
+
+  def rows(self, upto: int) -> list[tuple[int, str, dict]]:
+    """[(step, split, {name: value})] of the rows up to step `upto`, in the file's order
+    (what a tracker that missed them is handed: trainer/reporters/fan_out.py)."""
+    if not self._enabled or not os.path.exists(self.path):
+      return []
+    grouped = {}
+    with open(self.path, newline="") as f:
+      for row in csv.reader(f):
+        if _whole(row) and int(row[0]) <= upto:
+          grouped.setdefault((int(row[0]), row[1]), {})[row[2]] = float(row[3])
+    return [(step, split, values) for (step, split), values in grouped.items()]
 
   def write(self, step: int, split: str, values: dict) -> None:
     if not self._enabled or not values:

@@ -5,14 +5,15 @@ notebook leaves none behind): the resolved config as params when the MLflow run 
 every value metrics.csv gets (`train/loss`, `eval/accuracy`, ... at their step), and at the
 end the SavedModel as artifacts under `export/`. The MLflow run's id is kept in
 model_dir/mlflow_run.json, so a resumed distloop run goes on logging into the same MLflow run.
+MLflow cannot delete a metric's step: trainer/reporters/fan_out.py hands it no step twice
+(a resume asks the run's history for the highest step it holds: `highest_steps`).
 
 An optional extra (`pip install -e '.[mlflow]'`, the mlflow-skinny client): asking for it
 without the client installed is refused before anything runs (trainer/setup/validation.py). A server that cannot be
 reached at the start is refused in one line (exit 2); one that fails mid-run costs a
-warning, never the training. Each call runs in a thread of its own that the loop
-waits for at most the client's timeout, and not at all once a signal arrived: a
-server that stops answering (SIGSTOPped, a dead network) never holds a preempted
-run past its grace period. An MLflow run of mlflow_run.json that was deleted (or
+warning, never the training (fan_out.py runs each call in a thread of its own, waited
+for at most 25 s, and not at all once a signal arrived: a server that stops answering
+never holds a preempted run past its grace period). An MLflow run of mlflow_run.json that was deleted (or
 purged) is no reason to refuse a resume: logging goes on in a new run, with a
 warning naming both.
 """
@@ -22,26 +23,35 @@ import time
 
 from absl import logging
 
-from trainer.cluster import preemption
 from trainer.errors import UserError
 from trainer.reporters import summaries
+from trainer.reporters.contract import Reporter
 from trainer.store import files
 from trainer.store import mirror
 
 # Fail fast instead of MLflow's default of minutes of retries.
 _CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-_CALL_SECONDS = 25.0  # the longest a call is waited for (the client's own timeout is 20 s)
+# distloop's own keys, logged at every loop boundary and every eval: their history's
+# highest step is the highest step of the split that MLflow holds.
+_EVERY_ROW = {"train": "train/steps_per_sec", "eval": "eval/examples"}
 
 
-class MlflowLog:
-  """One distloop run's MLflow run; on other workers, or with no URI, does nothing."""
+class MlflowLog(Reporter):
+  """runtime.loggers' `mlflow` (contract.py): one distloop run's MLflow run."""
 
-  def __init__(self, runtime_config, model_dir: str, *, enabled: bool):
+  def __init__(self, runtime_config, model_dir: str, *, enabled: bool = True):
     self._uri = runtime_config.mlflow_uri
     self._experiment = runtime_config.mlflow_experiment
     self._model_dir = model_dir
     self._enabled = enabled and bool(self._uri)
     self._client = self._run_id = None
+
+  @property
+  def run_id(self) -> str | None:
+    return self._run_id
+
+  def check(self) -> None:
+    self.connect()
 
   def connect(self) -> None:
     """UserError if the server cannot be reached: called before the run writes or moves
@@ -62,7 +72,7 @@ class MlflowLog:
     return UserError(f"runtime.mlflow_uri={self._uri!r}: cannot log to MLflow "
                      f"({type(error).__name__}: {str(error).splitlines()[0][:200]})")
 
-  def start(self, config_dict: dict) -> None:
+  def start(self, config_dict: dict, model_dir: str | None = None) -> None:
     """Creates the MLflow run (params: the flattened config), or reopens the one this
     model_dir logged into before. UserError if the server cannot be reached."""
     if not self._enabled:
@@ -101,40 +111,29 @@ class MlflowLog:
     logging.info("MLflow: run %s in experiment %r at %s", self._run_id, self._experiment,
                  self._uri)
 
+  def highest_steps(self) -> dict:
+    """{split: the highest step the MLflow run holds} ({} for a new run)."""
+    found = {}
+    for split, key in _EVERY_ROW.items():
+      steps = [metric.step for metric in self._client.get_metric_history(self._run_id, key)]
+      if steps:
+        found[split] = max(steps)
+    return found
+
   def write(self, step: int, split: str, values: dict) -> None:
-    if self._run_id is None:
-      return
     from mlflow.entities import Metric  # pylint: disable=g-import-not-at-top
     now = int(time.time() * 1000)
     metrics = [Metric(f"{split}/{name}", float(value), now, step)
                for name, value in values.items()]
-    self._call(self._client.log_batch, self._run_id, metrics=metrics)
+    self._client.log_batch(self._run_id, metrics=metrics)
 
-  def finish(self, export_dir: str | None) -> None:
+  def finish(self, summary: dict, export_dir: str | None) -> None:
     """The SavedModel as artifacts under export/<step>/; the MLflow run ends FINISHED."""
-    if self._run_id is None:
-      return
     if export_dir and os.path.isdir(export_dir):
-      self._call(self._client.log_artifacts, self._run_id, export_dir,
-                 f"export/{os.path.basename(export_dir)}")
-    self._call(self._client.set_terminated, self._run_id, "FINISHED")
+      self._client.log_artifacts(self._run_id, export_dir,
+                                 f"export/{os.path.basename(export_dir)}")
+    self._client.set_terminated(self._run_id, "FINISHED")
 
-  def _call(self, method, *args, **kwargs) -> None:
-    """`method(...)` in a thread of its own (a daemon: a hung request never holds the
-    exit), waited for up to _CALL_SECONDS, and not at all once a signal arrived."""
-    try:
-      preemption.bounded(method, *args, what="mlflow", limit_seconds=_CALL_SECONDS,
-                         grace_seconds=0, **kwargs)
-    except preemption.Abandoned as abandoned:
-      why = "a signal arrived" if abandoned.signalled else f"no answer in {_CALL_SECONDS:.0f} s"
-      logging.warning("MLflow: %s left unfinished (%s); logging to MLflow stops here",
-                      method.__name__, why)
-      self._run_id = None
-    except Exception as error:  # pylint: disable=broad-except  (a logger never stops training)
-      logging.warning("MLflow: %s failed (%s: %s); logging to MLflow stops here, training "
-                      "goes on", method.__name__, type(error).__name__,
-                      str(error).splitlines()[0][:200])
-      self._run_id = None
 
 def _gone(client, run_id: str) -> str | None:
   """Why the MLflow run `run_id` cannot be logged into ("was deleted", "no longer

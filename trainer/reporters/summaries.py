@@ -32,6 +32,7 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from trainer.errors import StorageError
+from trainer.reporters.contract import Reporter
 from trainer.store import files
 from trainer.store import model_dir as layout
 from trainer.store import storage
@@ -46,7 +47,12 @@ _EVENTS_QUEUED = 100_000  # more than a second's rows of every tag: written at e
 _ROWS_WRITTEN_EAGERLY = 2  # fewer rows than a trace of the compiled writer costs (~0.15 s)
 
 
-class Summaries:
+class Summaries(Reporter):
+  """runtime.loggers' `tensorboard` (contract.py), and TensorBoard's own extras: the
+  config and model as text, sample inputs, the step graph."""
+
+  writes_model_dir = True  # the store's writer: a full disk is the run's failure
+  can_rewind = True  # restart_at drops the events past the step
 
   def __init__(self, model_dir: str, *, enabled: bool):
     self.root = layout.tensorboard_dir(model_dir)
@@ -113,6 +119,15 @@ class Summaries:
           if name.startswith("events.out.tfevents."):
             _drop_events_past(os.path.join(directory, name), step,
                               f"the TensorBoard {split} events")
+
+  def rewind(self, step: int) -> None:
+    self.restart_at(step)
+
+  def write(self, step: int, split: str, values: dict) -> None:
+    self.scalars(split, step, values)
+
+  def finish(self, summary: dict, export_dir: str | None) -> None:
+    self.flush()
 
   def scalars(self, split: str, step: int, values: dict) -> None:
     """Keeps this step's scalars; writes what is kept once a second at most."""

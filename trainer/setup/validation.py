@@ -7,7 +7,6 @@ the runtime (batch divisible by the replica count) live in trainer/cluster/runti
 checkpoint.init_from, which needs its bucket staged, in trainer/store/model_dir.py.
 """
 import ast
-import importlib.util
 import math
 import os
 import re
@@ -19,6 +18,7 @@ from input_pipelines import padding
 import models
 from trainer.setup import epochs
 from trainer.setup import heads
+from trainer.setup import loggers
 from trainer.setup import plugins
 from trainer.setup.names import LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS
 from trainer.errors import UserError
@@ -30,6 +30,7 @@ NONFINITE_POLICIES = ("stop", "rollback")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BEST_MODES = ("max", "min")
 IF_UNREADABLE = ("stop", "start_over")
+PROFILE_WORKERS = ("chief", "all")
 # runtime.intra_op_threads above the larger of this and the machine's cores is refused:
 # TensorFlow starts the whole pool at once, and a count the system cannot give threads
 # for (100000: pthread_create fails, EAGAIN) aborts the process in C++, whose teardown
@@ -137,39 +138,6 @@ def _pad_to(config, field):
     padding.parse(config.data.pad_to)
   except ValueError as e:
     raise UserError(f"{field}={config.data.pad_to!r} {e}") from None
-
-
-def _mlflow(config, field):
-  uri = config.runtime.mlflow_uri
-  if uri and importlib.util.find_spec("mlflow") is None:
-    raise UserError(f"{field}={uri!r} needs the MLflow client: pip install -e '.[mlflow]' (or "
-                    f"pip install mlflow-skinny)")
-  if uri:
-    _mlflow_store(uri)
-
-
-_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
-
-
-def _mlflow_store(uri: str) -> None:
-  """A local store the installed client refuses, in one line naming what works: MLflow's
-  file store is in maintenance mode (refused unless MLFLOW_ALLOW_FILE_STORE=true); a
-  database needs the full `mlflow` package (mlflow-skinny has no SQLAlchemy)."""
-  scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
-  if scheme in ("file", "") or len(scheme) == 1:  # a path (or a Windows drive) is a file store
-    from mlflow import environment_variables  # pylint: disable=g-import-not-at-top
-    allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
-    if allowed is not None and not allowed.get():
-      raise UserError(f"runtime.mlflow_uri={uri!r}: MLflow's file store is in maintenance "
-                      f"mode and the installed client refuses it; log locally to "
-                      f"sqlite:///PATH/mlflow.db (pip install mlflow), or to a tracking "
-                      f"server (mlflow server --backend-store-uri sqlite:///PATH/mlflow.db; "
-                      f"runtime.mlflow_uri=http://127.0.0.1:5000), or set "
-                      f"MLFLOW_ALLOW_FILE_STORE=true")
-  if scheme in _DATABASES and importlib.util.find_spec("sqlalchemy") is None:
-    raise UserError(f"runtime.mlflow_uri={uri!r}: a database store needs the full MLflow "
-                    f"package (pip install mlflow); the mlflow-skinny client logs to a "
-                    f"tracking server (http://HOST:PORT) only")
 
 
 # Settings of train.optimizer_args that have a field of their own, or that live in Keras's
@@ -412,6 +380,9 @@ FIELDS = {
     "runtime.jit_compile": (_among(("auto", "true", "false")), "trainer/cluster/runtime.py"),
     "runtime.variable_partitioner": (lambda config, _: _variable_partitioner(config.runtime),
                                      "trainer/cluster/sharding.py"),
-    "runtime.mlflow_uri": (_mlflow, "trainer/reporters/mlflow_log.py"),
+    "runtime.loggers": (loggers.check_loggers, "trainer/reporters/fan_out.py"),
+    "runtime.wandb_project": (None, "trainer/reporters/wandb_log.py"),
+    "runtime.wandb_export": (None, "trainer/reporters/wandb_log.py"),
+    "runtime.mlflow_uri": (loggers.check_mlflow, "trainer/reporters/mlflow_log.py"),
     "runtime.mlflow_experiment": (None, "trainer/reporters/mlflow_log.py"),
 }

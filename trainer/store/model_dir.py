@@ -20,6 +20,10 @@
                         (continuous_eval, the evaluator task: the final step is this one);
                         one that cannot be parsed, or whose step has no checkpoint, is
                         refused (exit 2: `finished_record`)
+  reporters.json        {tracker: {"run": its run id, "train": step, "eval": step}}: the
+                        highest step each tracker that cannot delete (MLflow, W&B, a user's)
+                        was handed, so that no step reaches it twice (trainer/reporters/fan_out.py)
+  mlflow_run.json, wandb_run.json   the tracker run a resumed run logs on into
   .lock                 held by the writing trainer (trainer/store/writer_lock.py)
 
 A model_dir on a bucket (`gs://`, `s3://`) has this layout too, in objects: the run
@@ -49,7 +53,7 @@ LOCK_NAME = ".lock"
 _DIRECTORIES = ("checkpoints", "checkpoints_best", "checkpoints_corrupt", "tensorboard", "export",
                 "config_history")
 _FILES = ("config.json", "run_id.json", "summary.json", "finished.json", "metrics.csv",
-          "mlflow_run.json", LOCK_NAME)
+          "mlflow_run.json", "wandb_run.json", "reporters.json", LOCK_NAME)
 _WRITTEN_DIRECTORIES = ("checkpoints", "checkpoints_best", "tensorboard", "export",
                         "config_history")
 
@@ -305,6 +309,10 @@ def _listdir(directory: str) -> list[str]:
 
 def metrics_csv_path(model_dir: str) -> str:
   return os.path.join(model_dir, "metrics.csv")
+
+
+def reporters_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "reporters.json")
 
 
 def config_path(model_dir: str) -> str:
