@@ -616,4 +616,12 @@ CATALOGUE = [
         old="    except Exception as error:  # pylint: disable=broad-except  (a tracker never stops training)\n",
         new="    except ZeroDivisionError as error:\n",
         slice=("tests/outputs/test_trackers.py::test_a_tracker_that_fails_mid_run_costs_one_warning",)),
+    Mutation(
+        name="profile_without_step_markers",
+        plants="the profile window's steps are traced without step markers: TensorBoard's "
+               "overview and step-time pages say \"No step marker observed\"",
+        file="trainer/loop/profiling.py",
+        old='    return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)\n',
+        new="    return contextlib.nullcontext()\n",
+        slice=("tests/outputs/test_tensorboard.py::test_profile_window_writes_a_trace",)),
 ]

@@ -1,17 +1,19 @@
 """runtime.loggers: the run's reporters (contract.py), called together, each step once.
 
 `Reporters` hands every call to each selected reporter. The ones that write model_dir
-(TensorBoard, metrics.csv) are the store's: a full disk there is the run's failure
-(one line, exit 1). The trackers (MLflow, W&B, a user's class) run each call in a
-thread of its own, waited for at most 25 s and not past a signal (a tracker never
-holds a preempted run), and a failure costs one warning: that tracker hears nothing
-more, training goes on. A tracker that cannot delete what it logged (`can_rewind`
-False) is handed no step it already holds: the highest step of each split it was
-handed is kept in model_dir/reporters.json (written after each write that reached
-it), with its tracker run id, so that a run resumed after a SIGKILL, or rolled back,
-skips what the tracker has. A reporter may also say what it holds itself
-(`highest_steps()`, MLflow's history), which closes the moment between its write and
-reporters.json's.
+(TensorBoard, metrics.csv) are the store's: a full disk there is the run's failure (one
+line, exit 1). The trackers (MLflow, W&B, a user's class) run each call in a thread of
+its own, waited for at most 25 s and not past a signal (a tracker never holds a
+preempted run; its close gets 5 s), and a failure costs one warning: that tracker hears
+nothing more, training goes on.
+
+A tracker that cannot delete what it logged (`can_rewind` False) is handed no step it
+holds already: the highest step of each split it was handed is kept in
+model_dir/reporters.json (written after each write that reached it), with its tracker
+run id. Where the tracker can say what it holds (`highest_steps()`: MLflow's history,
+W&B's resumed run or its offline logs), that is what counts on a resume; and what it
+lacks up to the restored step (W&B writes its log every 15 s: a SIGKILL loses the rest)
+is sent again from metrics.csv, which holds every step up to there.
 """
 from absl import logging
 
@@ -24,6 +26,7 @@ from trainer.store import model_dir as layout
 
 CALL_SECONDS = 25.0  # the longest a tracker's call is waited for
 START_SECONDS = 120.0  # a tracker's check and start (W&B starts a service process)
+CLOSE_GRACE_SECONDS = 5.0  # a tracker's close after a signal (W&B writes out its log)
 
 
 class Reporters:
@@ -69,9 +72,12 @@ class Reporters:
     held = self._held[label]
     if self._history is None or step <= min(held.get("train", -1), held.get("eval", -1)):
       return
+    sent = False
     for at, split, values in self._history.rows(upto=step):
       if at > held.get(split, -1):
-        self.write_to(label, reporter, at, split, values)
+        sent = self.write_to(label, reporter, at, split, values, record=False) or sent
+    if sent:
+      self._record()
 
   def rewind(self, step: int) -> None:
     for label, reporter in list(self._active):
@@ -112,7 +118,7 @@ class Reporters:
 
   def close(self) -> None:
     for label, reporter in list(self._active):
-      self._call(label, reporter, "close", reporter.close)
+      self._call(label, reporter, "close", reporter.close, grace_seconds=CLOSE_GRACE_SECONDS)
     self._active = []
 
   def _refused_on_failure(self, label: str, what: str, method, *args) -> None:
@@ -135,7 +141,8 @@ class Reporters:
       raise UserError(f"runtime.loggers: {label} cannot report ({what}: "
                       f"{type(error).__name__}: {_first_line(error)})") from None
 
-  def _call(self, label: str, reporter: Reporter, what: str, method, *args, ok=False):
+  def _call(self, label: str, reporter: Reporter, what: str, method, *args, ok=False,
+            grace_seconds: float = 0):
     """method(*args): its result (True with `ok`), or None after its one warning line, the
     reporter dropped. Model_dir's own writers are called directly: their StorageError
     is the run's."""
@@ -144,7 +151,7 @@ class Reporters:
       return True if ok else result
     try:
       result = preemption.bounded(method, *args, what=f"{label} {what}",
-                                  limit_seconds=CALL_SECONDS, grace_seconds=0)
+                                  limit_seconds=CALL_SECONDS, grace_seconds=grace_seconds)
       return True if ok else result
     except preemption.Abandoned as abandoned:
       why = ("a signal arrived" if abandoned.signalled
