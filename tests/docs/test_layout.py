@@ -59,16 +59,17 @@ def test_imports_inside_input_pipelines_point_one_way():
 
 
 # trainer/'s top level: the public API, the two commands and Ray Train's entry; everything
-# else in one of twelve places, named for its job (docs/layout.md).
+# else in one of thirteen places, named for its job (docs/layout.md).
 _TOP_LEVEL = {"__init__.py", "__main__.py", "api.py", "errors.py", "launch.py", "ray_train.py"}
-_PLACES = ("cli", "verify", "inspect", "loop", "reporters", "supervised", "state", "analysis", "task",
+_PLACES = ("cli", "verify", "inspect", "sweeps", "loop", "reporters", "supervised", "state", "analysis", "task",
            "setup", "cluster", "store")
 # Who may import whom inside trainer/: a place imports only the places after it in this
 # order (and itself); errors.py is everyone's. trainer/api.py stands over loop/ and
 # under cli/. The supervised Task is one Task among others: over the contract (task/) and
 # what is saved (state/); what a Task holds is keyed in state/, over the contract it walks.
-# verify/ and inspect/ are commands that look at a job from outside, over everything.
-_LAYERS = ("cli", "verify", "inspect", "api", "loop", "reporters", "supervised", "state", "analysis",
+# verify/ and inspect/ are commands that look at a job from outside, over everything;
+# sweeps/ runs trials through the api for a tuner.
+_LAYERS = ("cli", "verify", "inspect", "sweeps", "api", "loop", "reporters", "supervised", "state", "analysis",
            "task", "setup", "cluster", "store", "errors")
 
 
