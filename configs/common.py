@@ -61,6 +61,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.warmup_steps = 0        # cosine: linear warmup from 0 over this many steps
   config.train.lr_decay_steps = 1000   # step: multiply the rate by lr_decay_rate every this many steps
   config.train.lr_decay_rate = 0.1    # step: the factor
+  config.train.lr_on_plateau = ml_collections.ConfigDict()  # train_and_eval: Keras's ReduceLROnPlateau at each eval (docs/sweeps.md)
+  config.train.lr_on_plateau.factor = 0.0     # multiply the learning rate by this (0 < factor < 1) once `metric` has not improved for `patience` evals; 0 = off
+  config.train.lr_on_plateau.metric = "loss"  # "loss" or a name from eval.metrics (or a Task's eval_step)
+  config.train.lr_on_plateau.mode = "min"     # min (lower is better) | max
+  config.train.lr_on_plateau.patience = 10    # evals in a row without improvement before a reduction
+  config.train.lr_on_plateau.min_delta = 1e-4  # an improvement smaller than this does not count
+  config.train.lr_on_plateau.cooldown = 0     # evals after a reduction during which none counts as without improvement
+  config.train.lr_on_plateau.min_lr = 0.0     # train.learning_rate * factor never goes below this (the factor never below min_lr / train.learning_rate; the schedule on top)
   config.train.clip_grad_norm = 0.0    # clip the reduced gradient to this global norm; 0 = off
   config.train.report_gradient_norm = False  # also report the global norm of the reduced gradient (before clipping), averaged over each loop: gradient_norm (NAME_gradient_norm per named update). Off: ~5% of a tiny model's step, under 1% of a real one's
   config.train.nonfinite_policy = "stop"  # NaN/Inf loss or weights: stop (exit 1) | rollback

@@ -18,10 +18,10 @@ if _platform.machine().lower() in ("x86_64", "amd64"):
 
 # The public API, imported on first use (so that `python -m trainer` checks flags and
 # config before TensorFlow loads): trainer.run (every mode), trainer.Task, trainer.Export,
-# trainer.Action, trainer.Reporter.
+# trainer.Action (and trainer.Stop), trainer.Reporter.
 _API = {"Task": "trainer.task", "Export": "trainer.task", "BuildContext": "trainer.task",
         "StepContext": "trainer.task", "PredictContext": "trainer.task", "run": "trainer.api",
-        "predict": "trainer.api", "Action": "trainer.loop.actions",
+        "predict": "trainer.api", "Action": "trainer.loop.actions", "Stop": "trainer.loop.actions",
         "Boundary": "trainer.loop.actions", "Reporter": "trainer.reporters.contract"}
 
 

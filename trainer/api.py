@@ -127,10 +127,7 @@ def execute(config, model_dir: str, mode: str, checkpoint_step: int | None = Non
   if checkpoint_step is not None and mode not in ("eval", "predict"):
     raise UserError(f"--checkpoint_step applies to --mode=eval and --mode=predict only, "
                     f"not --mode={mode}")
-  if mode == "train" and config.checkpoint.early_stop_patience:
-    raise UserError(f"checkpoint.early_stop_patience={config.checkpoint.early_stop_patience} "
-                    f"needs evals during training: --mode=train_and_eval (every "
-                    f"eval.interval steps)")
+  validation.check_mode(config, mode)  # what needs evals during training
   if is_parameter_server_task(config):
     raise UserError("this process is a worker or ps task of a parameter-server cluster "
                     "(TF_CONFIG): it serves; run `python -m trainer` there")

@@ -187,13 +187,17 @@ class Reporter:
   worker, at the same steps on each (it is a barrier); rank 0 attaches the pointer
   checkpoint, so its metrics are what Ray keeps (module docstring). `report_deletes`:
   `report` uploads in the background and deletes the pointer's directory itself (Ray's
-  CheckpointUploadMode.ASYNC); otherwise it has copied it when it returns."""
+  CheckpointUploadMode.ASYNC); otherwise it has copied it when it returns.
+  `checkpoint_class`: the Checkpoint `report` takes (default ray.train's; Ray Tune's
+  `ray.tune.report` takes ray.tune.Checkpoint, another class under Ray Train V2)."""
 
-  def __init__(self, report, model_dir: str, *, rank_zero: bool, report_deletes: bool = False):
+  def __init__(self, report, model_dir: str, *, rank_zero: bool, report_deletes: bool = False,
+               checkpoint_class=None):
     self._report = report
     self._model_dir = model_dir
     self._rank_zero = rank_zero
     self._report_deletes = report_deletes
+    self._checkpoint_class = checkpoint_class
 
   @classmethod
   def of_ray(cls, ray_train, model_dir: str) -> "Reporter":
@@ -229,7 +233,9 @@ class Reporter:
     if not self._rank_zero or step is None:
       self._report(metrics)
       return
-    from ray.train import Checkpoint  # pylint: disable=g-import-not-at-top
+    Checkpoint = self._checkpoint_class  # pylint: disable=invalid-name
+    if Checkpoint is None:
+      from ray.train import Checkpoint  # pylint: disable=g-import-not-at-top
     pointer = tempfile.mkdtemp(prefix="distloop_pointer_")
     try:
       from trainer.store import files  # pylint: disable=g-import-not-at-top

@@ -410,7 +410,11 @@ class Runs:
       copy_as_of(self.sgd(name, shape), model_dir, catalogue.ELASTIC_AT)
       before = digests(model_dir)
       # --mode=train: the weights are the check, the evals of the rest cost time only
-      result = trainer_run(model_dir, *flags(workload, "1", *workload.sgd_flags), "--mode=train")
+      # (not where they set the learning rate: train.lr_on_plateau, cnn's)
+      plateau = any(flag.startswith("--config.train.lr_on_plateau.factor=")
+                    for flag in workload.flags)
+      result = trainer_run(model_dir, *flags(workload, "1", *workload.sgd_flags),
+                           *(() if plateau else ("--mode=train",)))
       return Elastic(model_dir, before, result)
     return self._once(("elastic", name, shape), make)
 

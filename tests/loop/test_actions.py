@@ -82,8 +82,8 @@ def test_an_action_deciding_nonsense_stops_the_run_with_one_error_line(tmp_path)
                        f"--config.train.actions={_PLUGINS}:returns_a_number")
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.splitlines()[-1] == (
-      "distloop: error: action 'returns_a_number' returned 3; an action returns None, 'stop' "
-      "or 'save'")
+      "distloop: error: action 'returns_a_number' returned 3; an action returns None, 'stop', "
+      "trainer.Stop(reason) or 'save'")
   assert "Traceback" not in result.stderr
 
 

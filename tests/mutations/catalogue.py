@@ -601,13 +601,41 @@ CATALOGUE = [
         old="    if step <= held.get(split, -1):\n      return False  # the tracker has",
         new="    if False:\n      return False  # the tracker has",
         slice=("tests/outputs/test_trackers.py::test_mlflow_history_holds_each_step_once",)),
+    # -- sweeps: a trial run again resumes, and is judged on its whole history -----------
+    Mutation(
+        name="optuna_retry_starts_over",
+        plants="a retried Optuna trial (its process died) trains in a model_dir of its own "
+               "number: it starts again from step 0",
+        file="trainer/sweeps/optuna_trials.py",
+        old='number = _frozen(trial).system_attrs.get("failed_trial", trial.number)',
+        new="number = trial.number",
+        slice=("tests/sweeps/test_optuna.py::test_a_study_killed_mid_trial_and_rerun_ends_as_"
+               "the_unkilled_one",)),
+    Mutation(
+        name="optuna_retry_not_caught_up",
+        plants="a retried Optuna trial does not report the evals the dead process reached: "
+               "the pruner judges it on half its history",
+        file="trainer/sweeps/optuna_trials.py",
+        old="    self.report_logged(boundary.model_dir, upto=boundary.step)",
+        new="    pass",
+        slice=("tests/sweeps/test_optuna.py::test_a_study_killed_mid_trial_and_rerun_ends_as_"
+               "the_unkilled_one",)),
+    Mutation(
+        name="pruned_trial_not_said",
+        plants="a trial stopped by its pruner is recorded as stopped by an action, without "
+               "who pruned it or where",
+        file="trainer/loop/boundary.py",
+        old="            reasons.setdefault(action.name, decision.reason)",
+        new="            pass",
+        slice=("tests/sweeps/test_optuna.py::test_a_study_prunes_and_each_pruned_trial_says_"
+               "who_pruned_it",)),
     Mutation(
         name="tracker_not_caught_up",
         plants="what a tracker lost to a SIGKILL (W&B's log is written every 15 s) is not sent "
                "again from metrics.csv: those steps are missing from it",
         file="trainer/reporters/fan_out.py",
-        old="    held = self._held[label]\n    if self._history is None or",
-        new="    held = self._held[label]\n    if True or self._history is None or",
+        old="      if self._history is not None and self._lacks(label, step):",
+        new="      if False:",
         slice=("tests/outputs/test_trackers.py::test_wandb_holds_each_step_once_in_one_run",)),
     Mutation(
         name="tracker_failure_stops_training",
@@ -624,4 +652,14 @@ CATALOGUE = [
         old='    return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)\n',
         new="    return contextlib.nullcontext()\n",
         slice=("tests/outputs/test_tensorboard.py::test_profile_window_writes_a_trace",)),
+    # -- the learning rate factor: train.lr_on_plateau, an Action's (issue 60) ------------
+    Mutation(
+        name="learning_rate_factor_not_restored",
+        plants="a restore reads the learning rate factor into action_state but never assigns "
+               "it to the variable the step reads: a resumed run trains at factor 1",
+        file="trainer/state/train_state.py",
+        old="    if self._on_restore is not None:\n      self._on_restore(self.action_state)\n",
+        new="",
+        slice=("tests/loop/test_lr_on_plateau.py::test_an_action_sets_the_factor_and_a_resume_"
+               "keeps_it",)),
 ]

@@ -17,11 +17,12 @@ An Action is a function and a rule saying when it is due:
 It is called with a `Boundary` (the step, the latest train and eval metrics, the
 model_dir, whether this process is the chief, the task) and may return a decision
 for the whole job: "stop" (save this step, then end training as if it were the
-last: the at_end actions and the final eval, export, exit 0) or "save" (checkpoint
-this step now). An action at a phase cannot decide: a decision there is refused. A decision
+last: the at_end actions and the final eval, export, exit 0; `Stop(reason)`: a "stop"
+that says why) or "save" (checkpoint this step now). An action at a phase cannot decide: a decision there is refused. A decision
 is agreed across workers (any worker deciding decides for all), so every worker
 acts at the same step. Every worker runs every action (write files on the chief
-only: `boundary.is_chief`).
+only: `boundary.is_chief`). One made with sets_learning_rate=True may also set the run's
+learning rate factor (`boundary.set_learning_rate_factor`: trainer/loop/learning_rate.py).
 
 A user's Action runs in a thread of its own while the main thread keeps the signal
 protocol (trainer/task/user_code.py `bounded`): one that blocks cannot keep the job
@@ -52,6 +53,23 @@ PHASES = ("restored", "eval", "export", "summary")
 ANOTHER_WORKERS = "an action on another worker"
 
 
+@dataclasses.dataclass(frozen=True)
+class Stop:
+  """An Action's "stop" that says why: `return trainer.Stop("pruned by Optuna's
+  MedianPruner")` stops as "stop" does, and the reason is recorded with the Action's
+  name (finished.json's reason, summary.json's stop_reason, the log line)."""
+  reason: str
+
+  def __post_init__(self):
+    if not isinstance(self.reason, str) or not self.reason.strip():
+      raise UserError(f"trainer.Stop(reason) takes a non-empty string, not {self.reason!r}")
+
+
+def kind(decision) -> str | None:
+  """"stop", "save" or None: what a decision asks, a Stop being a "stop"."""
+  return "stop" if isinstance(decision, Stop) else decision
+
+
 def stop_line(decided_by: str | None, step: int) -> str:
   """The log line of an agreed "stop" at `step`: `decided_by` is the name of this worker's
   action that decided it, None where only another worker's did."""
@@ -72,6 +90,28 @@ class Boundary:
   is_chief: bool
   task: Any
   final: bool = False
+  # (the run's LearningRateFactor or None, the Action running): the Trainer's, per action.
+  acting: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+
+  @property
+  def learning_rate_factor(self) -> float:
+    """The factor on the run's learning rate (train.lr_schedule(step) * factor, every
+    optimizer BuildContext.optimizer() built): 1.0 unless train.lr_on_plateau or an
+    Action changed it."""
+    learning_rate = self.acting[0] if self.acting else None
+    return learning_rate.factor if learning_rate is not None else 1.0
+
+  def set_learning_rate_factor(self, factor: float) -> None:
+    """From the next step on the learning rate is schedule(step) * `factor` (> 0), on
+    every worker (the chief's value wins), saved with each checkpoint. Only an Action
+    made with sets_learning_rate=True may call it."""
+    learning_rate, action = self.acting or (None, None)
+    if action is None or not action.sets_learning_rate or learning_rate is None:
+      name = f"action {action.name!r}" if action is not None else "an action"
+      raise UserCodeError(f"{name} called boundary.set_learning_rate_factor({factor!r}) at "
+                          f"step {self.step} without declaring it: make it "
+                          f"trainer.Action(..., sets_learning_rate=True)")
+    learning_rate.set(factor, f"action {action.name!r}", self.step)
 
 
 class Action:
@@ -80,7 +120,7 @@ class Action:
   def __init__(self, function: Callable, *, every_steps: int = 0, every_seconds: float = 0.0,
                after_eval: bool = False, at_end: bool = False, every_boundary: bool = False,
                phase: str | None = None, name: str | None = None,
-               clock: Callable[[], float] = time.monotonic):
+               clock: Callable[[], float] = time.monotonic, sets_learning_rate: bool = False):
     if not callable(function):
       raise UserError(f"an Action's function must be callable, not {type(function).__name__}")
     if phase is not None and phase not in PHASES:
@@ -91,7 +131,12 @@ class Action:
       raise UserError(f"Action {name or getattr(function, '__name__', function)!r} is never "
                       f"due: give every_steps, every_seconds, after_eval, at_end, "
                       f"every_boundary or phase")
+    if sets_learning_rate and phase is not None:
+      raise UserError(f"Action phase={phase!r} cannot set the learning rate: only an action "
+                      f"due at a loop boundary may (sets_learning_rate=True)")
     self.function = function
+    # It may call boundary.set_learning_rate_factor (trainer/loop/learning_rate.py).
+    self.sets_learning_rate = sets_learning_rate
     self.every_steps = every_steps
     self.after_eval = after_eval
     self.at_end = at_end
@@ -123,9 +168,9 @@ class Action:
       user_code.action_failed(self.name, boundary.step, error)
     if self.timer is not None:
       self.timer.restart()
-    if decision is not None and decision not in DECISIONS:
+    if decision is not None and kind(decision) not in DECISIONS:
       raise UserError(f"action {self.name!r} returned {decision!r}; an action returns None, "
-                      f"'stop' or 'save'")
+                      f"'stop', trainer.Stop(reason) or 'save'")
     return decision
 
   def __repr__(self):

@@ -19,6 +19,7 @@ from trainer import task as tasks
 from trainer.cluster import runtime
 from trainer.cluster import sharding
 from trainer.errors import UserError
+from trainer.loop import learning_rate
 from trainer.loop import steps
 from trainer.setup import plugins
 from trainer.setup import run_fields
@@ -65,21 +66,29 @@ class Assembly:
 
 def assemble(config, strategy: tf.distribute.Strategy, coordinator, task: Task, splits,
              probe, features_spec, labels_spec, *, preprocessed: bool,
-             read_only: bool) -> Assembly:
+             read_only: bool, factored: bool = False) -> Assembly:
   """`task` built on the `probe` batch, its steps traced, the train loop compiled.
   `coordinator`: parameter_server's (this process schedules steps on the workers), else
-  None; `preprocessed`: a per-example data.preprocess runs in tf.data."""
+  None; `preprocessed`: a per-example data.preprocess runs in tf.data; `factored`: the
+  optimizers run on the run's learning rate factor (trainer/loop/learning_rate.py)."""
   # Optimizer slots of a sharded variable are sharded like it (trainer/cluster/sharding.py).
   # Keras's default seeds from the config alone (runtime.keras_seeds_from: a bucket
   # client's retries draw from Python's global `random` meanwhile).
   with (strategy.scope(), sharding.slots_follow_shards(),
         steps.one_copy_takes_the_first_replicas(strategy),
         runtime.keras_seeds_from(config.runtime.seed)):
+    factor = tf.Variable(1.0, trainable=False, name="learning_rate_factor") if factored else None
     context = tasks.BuildContext(config, features_spec, labels_spec, probe, strategy,
-                                 load_weights=load_model_weights)
+                                 load_weights=load_model_weights, learning_rate_factor=factor)
     context.sources = splits
     user_code.build(task, context)
-    state = TaskState(task, float16=config.runtime.mixed_precision == "float16")
+    state = TaskState(task, float16=config.runtime.mixed_precision == "float16",
+                      learning_rate_factor=factor)
+  if factored and context.factored_optimizers < len(state.optimizers):
+    raise UserError(f"{type(task).__name__} holds {len(state.optimizers)} optimizer(s), "
+                    f"{context.factored_optimizers} made by context.optimizer(): a learning "
+                    f"rate factor (train.lr_on_plateau, an Action with sets_learning_rate=True) "
+                    f"scales only those; make each with context.optimizer()")
   # On an accelerator uint8 images cross to it and are scaled there (unless a
   # per-example preprocess must see them decoded first); on a CPU the host is the
   # device, and decoding in tf.data keeps the arithmetic of every source the same.
@@ -104,11 +113,14 @@ def assemble(config, strategy: tf.distribute.Strategy, coordinator, task: Task, 
   train_sums, eval_sums = _traced_sums(config, strategy, coordinator, task, state,
                                        step_context, (features_spec, labels_spec),
                                        fuse_whole_step, training=not read_only)
-  if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
-      and not read_only and config.checkpoint.best_metric not in eval_sums.names):
-    raise UserError(f"checkpoint.best_metric={config.checkpoint.best_metric!r} is not "
-                    f"reported by the eval step (choose from: "
-                    f"{', '.join(eval_sums.names) or 'none: the task has no eval_step'})")
+  for field, metric, used in (
+      ("checkpoint.best_metric", config.checkpoint.best_metric,
+       config.checkpoint.keep_best or config.checkpoint.early_stop_patience),
+      ("train.lr_on_plateau.metric", config.train.lr_on_plateau.metric,
+       config.train.lr_on_plateau.factor)):
+    if used and not read_only and metric not in eval_sums.names:
+      raise UserError(f"{field}={metric!r} is not reported by the eval step (choose from: "
+                      f"{', '.join(eval_sums.names) or 'none: the task has no eval_step'})")
   if read_only:  # eval, continuous_eval, predict, export: no train step traced or compiled
     return Assembly(state, train_sums, eval_sums, None, device_decode, on_accelerator)
   replica_step = steps.make_replica_step(task, train_sums, step_context, decode=device_decode,
@@ -129,7 +141,8 @@ def train_state(config, model_dir: str, task: Task, state: TaskState, strategy, 
                 is_chief: bool, read_only: bool) -> TrainState:
   """The checkpoints of `state` in model_dir, knowing what fixes the run (the task, the
   fields that may change), the shape that trains and what makes the task's trajectory
-  depend on it (an elastic resume is judged by them)."""
+  depend on it (an elastic resume is judged by them); a restore sets the learning rate
+  factor its step saved."""
   return TrainState(
       config, model_dir, model_variables=state.model_variables,
       optimizer_variables=state.optimizer_variables, agreement=agreement, is_chief=is_chief,
@@ -139,7 +152,8 @@ def train_state(config, model_dir: str, task: Task, state: TaskState, strategy, 
                           workers=runtime.num_workers(strategy),
                           strategy=config.runtime.strategy),
       replica_dependence=state.replica_dependence(config.runtime.deterministic),
-      strategy_dependence=state.strategy_dependence(config.runtime.deterministic))
+      strategy_dependence=state.strategy_dependence(config.runtime.deterministic),
+      on_restore=learning_rate.restored(state.learning_rate_factor))
 
 def _traced_sums(config, strategy, coordinator, task, state, step_context, batch_spec,
                  fuse_whole_step, *, training: bool) -> tuple[steps.Sums, steps.Sums]:

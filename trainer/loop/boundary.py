@@ -1,11 +1,12 @@
 """What runs at a loop boundary, between two compiled loops, and in which order.
 
 distloop's own periodic work is made of Actions like a user's (trainer/loop/actions.py):
-the progress line and TensorBoard's train scalars, the profile window, eval, keep-best
-and early stopping, then the user's Actions, then the checkpoint (by steps, or by the
-chief's clock) last, so that a "save" decided before it saves this step. The decisions
-("stop", "save") and a signal that came while they ran are agreed by every worker in
-one collective. A user's Action runs bounded, under the signal protocol
+the progress line and TensorBoard's train scalars, the profile window, eval, keep-best,
+early stopping and train.lr_on_plateau, then the user's Actions, then the checkpoint (by
+steps, or by the chief's clock) last, so that a "save" decided before it saves this step.
+The decisions ("stop", "save") and a signal that came while they ran are agreed by every
+worker in one collective; a learning rate factor set there (trainer/loop/learning_rate.py)
+in another, before the checkpoint saves it. A user's Action runs bounded, under the signal protocol
 (`UserActionGuard`).
 
 Why apart from the controller: the flow (trainer/loop/controller.py) says *that* the
@@ -20,6 +21,7 @@ from absl import logging
 from trainer.cluster import preemption
 from trainer.errors import Preempted, StorageError, UserCodeHung
 from trainer.loop import actions
+from trainer.loop import learning_rate
 from trainer.loop import profiling
 from trainer.loop import progress
 from trainer.setup import epochs
@@ -55,7 +57,8 @@ class BoundaryWork:
 
   def __init__(self, config, *, eval_interval: int, user_actions: list, evaluate: Callable,
                save: Callable, save_and_stop: Callable, progress_report: "ProgressReport",
-               profiler: profiling.ProfileWindow, train_state, agreement, clock: Callable):
+               profiler: profiling.ProfileWindow, train_state, agreement, clock: Callable,
+               learning_rate_factor=None):
     self._config = config
     self._evaluate = evaluate
     self._save_and_stop = save_and_stop
@@ -71,15 +74,26 @@ class BoundaryWork:
     early_stop = actions.Action(
         self._stop_if_no_better, after_eval=True,
         name="early_stop") if config.checkpoint.early_stop_patience else None
+    # The run's learning rate factor (None: off): train.lr_on_plateau, a user's setter.
+    self._learning_rate = learning_rate.LearningRateFactor(
+        learning_rate_factor, train_state, agreement) if learning_rate_factor is not None else None
+    self._plateau = plateau = actions.Action(
+        learning_rate.Plateau(config, self._learning_rate, train_state), after_eval=True,
+        name="lr_on_plateau",
+        sets_learning_rate=True) if config.train.lr_on_plateau.factor else None
+    self._eval = actions.Action(self._evaluate_at, every_steps=eval_interval, at_end=True,
+                                name="eval")
     builtins = [
         actions.Action(progress_report.report, every_boundary=True, name="progress"),
         profiling.ProfileAction(profiler),
-        actions.Action(self._evaluate_at, every_steps=eval_interval, at_end=True, name="eval"),
+        self._eval,
         actions.Action(self._keep_if_best, after_eval=True, name="keep_best"),
         *([early_stop] if early_stop else []),
+        *([plateau] if plateau else []),
     ]
     self.schedule = actions.Schedule([*builtins, *user_actions, self._checkpoint],
                                      config.train.steps)
+    self.stop_reason = None  # a trainer.Stop's reason, where one stopped training
     # The actions whose decisions count (a built-in one decides nothing).
     self._deciding = {id(action) for action in [*user_actions, early_stop] if action}
 
@@ -89,7 +103,7 @@ class BoundaryWork:
     by every worker: this worker's action that decided it, else
     actions.ANOTHER_WORKERS), None to go on."""
     position, schedule, checkpoint = boundary.position, self.schedule, self._checkpoint
-    decided, user_ran, ran = {}, False, set()
+    decided, reasons, user_ran, ran = {}, {}, False, set()
     for action in schedule.actions:
       if action is checkpoint:
         continue  # last, once the decisions are known
@@ -97,11 +111,14 @@ class BoundaryWork:
                         clock_due=schedule.clock_due(action, clock_bits)):
         continue
       ran.add(id(action))
+      boundary.acting = (self._learning_rate, action)
       decision = action.run(boundary)
       if id(action) in self._deciding:
         user_ran = True
         if decision:
-          decided.setdefault(decision, action.name)
+          decided.setdefault(actions.kind(decision), action.name)
+          if isinstance(decision, actions.Stop):
+            reasons.setdefault(action.name, decision.reason)
     stop = save = preempted = False
     if user_ran:  # the same boundaries on every worker: one collective, all decide alike
       # A stop asked while they ran (a signal, an Action's KeyboardInterrupt) is agreed
@@ -113,7 +130,12 @@ class BoundaryWork:
     if stop:  # finish as at the last step: its at_end actions (the final eval first)
       boundary.final = True
       for action in schedule.due_when_stopping(boundary, ran, last=checkpoint):
+        ran.add(id(action))
+        boundary.acting = (self._learning_rate, action)
         action.run(boundary)  # a decision changes nothing now: this step is saved, the end
+    if self._learning_rate is not None and any(  # the same boundaries on every worker
+        action.sets_learning_rate for action in schedule.actions if id(action) in ran):
+      self._learning_rate.agree()  # the chief's factor, saved by the checkpoint below
     clock_due = schedule.clock_due(checkpoint, clock_bits)
     if clock_due and not checkpoint.due(position.step, schedule.last_step, evaluated=False,
                                         clock_due=False):
@@ -124,7 +146,9 @@ class BoundaryWork:
       checkpoint.run(boundary)
     if not stop:
       return None
-    logging.info("%s", actions.stop_line(decided.get("stop"), position.step))
+    self.stop_reason = reasons.get(decided.get("stop"))
+    logging.info("%s%s", actions.stop_line(decided.get("stop"), position.step),
+                 f" ({self.stop_reason})" if self.stop_reason else "")
     return decided.get("stop", actions.ANOTHER_WORKERS)
 
   def preempted(self, boundary: LoopBoundary) -> None:
@@ -132,8 +156,25 @@ class BoundaryWork:
     (metrics.csv, TensorBoard: the progress action), then its step saved and Preempted
     (exit 42). The run resumed from this step logs from the next loop on: a row not
     logged now is never logged (issue 57)."""
+    if self._plateau is not None and self._eval.due(boundary.step, self.schedule.last_step,
+                                                    evaluated=False, clock_due=False):
+      # Its eval does not run (the signal's save comes first): the resumed run's does.
+      self._train_state.action_state[learning_rate.UNJUDGED] = boundary.step
     self._progress_report.report(boundary)
     self._save_and_stop(boundary.position)
+
+  def catch_up(self, boundary: LoopBoundary) -> None:
+    """Before the first loop of a run resumed at a step a signal saved before its eval
+    ran (`preempted`): train.lr_on_plateau's eval and judgment of that step, as the
+    uninterrupted run made them (the same weights: the step's), so the resumed run goes on
+    at the factor the uninterrupted one did. Every worker restored the same record."""
+    if (self._train_state.action_state.pop(learning_rate.UNJUDGED, None) != boundary.step
+        or self._plateau is None):
+      return
+    self._evaluate_at(boundary)
+    boundary.acting = (self._learning_rate, self._plateau)
+    self._plateau.run(boundary)
+    self._learning_rate.agree()
 
   def _evaluate_at(self, boundary: LoopBoundary) -> None:
     boundary.eval = self._evaluate(boundary.step, boundary.position)

@@ -45,6 +45,7 @@ from trainer.loop import progress
 from trainer.reporters import summaries
 from trainer.loop import value_checks
 from trainer.loop.batches import TrainBatches, dropped_off_the_main_thread
+from trainer.loop.learning_rate import wanted as factored
 from trainer.loop.boundary import (BoundaryWork, Loop, LoopBoundary, ProgressReport,
                                    UserActionGuard, metrics_line)
 from trainer.loop.run_record import RunRecord, Trained
@@ -109,7 +110,7 @@ class Trainer:
     built = assembly.assemble(config, strategy, self.coordinator, self.task, splits, self._probe,
                               self.features_spec, labels_spec,
                               preprocessed=self._batches.preprocess is not None,
-                              read_only=read_only)
+                              read_only=read_only, factored=factored(config, self._user_actions))
     self.state = built.state  # the task's variables; self.train_state: their checkpoints
     self._train_sums, self._eval_sums = built.train_sums, built.eval_sums
     self._train_loop, self._device_decode = built.train_loop, built.device_decode
@@ -171,11 +172,13 @@ class Trainer:
         self.config, eval_interval=eval_interval, user_actions=self._user_actions,
         evaluate=self.evaluate, save=self.save, save_and_stop=self._save_and_stop,
         progress_report=self._progress, profiler=self.profiler, train_state=self.train_state,
-        agreement=self.agreement, clock=self._clock)
+        agreement=self.agreement, clock=self._clock,
+        learning_rate_factor=self.state.learning_rate_factor)
     self._phases.at_phase("restored", self._boundary(position.step, {}))  # no loop behind it
     if watcher.stop_agreed():  # signalled during start-up or restore: nothing new to save
       raise Preempted(position.step if self.train_state.latest_step() is not None else None)
     self._begin(position)
+    boundaries.catch_up(self._boundary(position.step, {}, position))  # lr_on_plateau's eval
     with watcher, contextlib.closing(self.profiler):
       trained = self._train_loops(position, boundaries)
     return self._end_of_run(trained, watcher, started)
@@ -232,7 +235,7 @@ class Trainer:
       stopped_by = boundaries.run(boundary, int(clock_bits))
     progress.finish()
     batches = dropped_off_the_main_thread(batches)
-    return Trained(position, train_metrics, throughput, stopped_by)
+    return Trained(position, train_metrics, throughput, stopped_by, boundaries.stop_reason)
 
   def _end_of_run(self, trained: Trained, watcher, started: float) -> dict:
     """After the last loop: its step on disk, the final eval, the export, MLflow's end,
@@ -265,7 +268,8 @@ class Trainer:
     self._phases.at_phase("summary", self._boundary(step, train_metrics, position))
     if self.is_chief:
       files.write_json(layout.summary_path(self.model_dir), summary)
-      layout.write_finished(self.model_dir, step, total, stopped_by=trained.stopped_by)
+      layout.write_finished(self.model_dir, step, total, stopped_by=trained.stopped_by,
+                            why=trained.stop_reason)
     self.reporters.close()
     return summary
 

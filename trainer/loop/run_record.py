@@ -45,6 +45,8 @@ class RunRecord:
     }
     if trained.stopped_by is not None:
       summary["stopped_early_by"] = trained.stopped_by
+    if trained.stop_reason is not None:
+      summary["stop_reason"] = trained.stop_reason
     return summary
 
 
@@ -55,3 +57,4 @@ class Trained:
   train_metrics: dict
   throughput: progress.Throughput
   stopped_by: str | None  # the Action that stopped training early, if one did
+  stop_reason: str | None = None  # its trainer.Stop's reason

@@ -31,6 +31,10 @@ class Reporter:
   """Subclass it and override what your tracker needs; every method is a no-op here."""
 
   can_rewind = False  # True: rewind(step) deletes what this tracker holds past `step`
+  # Optional, for a tracker that cannot rewind: the id of the tracker's run (a new one
+  # holds nothing yet), and `highest_steps()` below.
+  run_id: str | None = None
+  writes_model_dir = False  # distloop's own writers (TensorBoard, metrics.csv): the store's
 
   def check(self) -> None:
     """Raise if the tracker cannot be reached: called before the run writes anything."""
@@ -49,3 +53,8 @@ class Reporter:
 
   def close(self) -> None:
     """Release what start opened; called last, whatever happened."""
+
+  def highest_steps(self) -> dict | None:
+    """{split: the highest step the tracker's run holds}, asked after start on a resume;
+    None: the tracker cannot say (distloop's record in reporters.json counts)."""
+    return None

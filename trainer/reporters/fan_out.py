@@ -51,29 +51,33 @@ class Reporters:
   def start(self, config: dict, step: int) -> None:
     """Each reporter's start, then rewind(step): the step training goes on from."""
     held = files.read_json(layout.reporters_path(self._model_dir)) or {}
+    logged = None  # metrics.csv's rows up to `step`, read once for every tracker
     for label, reporter in self._active:
       self._refused_on_failure(label, "start", reporter.start, config, self._model_dir)
       if reporter.can_rewind:
         continue
-      run = getattr(reporter, "run_id", None)
+      run = reporter.run_id
       mine = held.get(label, {})
       self._held[label] = dict(mine) if mine.get("run") == run else {"run": run}
-      own = getattr(reporter, "highest_steps", None)
-      if own is not None:  # what the tracker says it holds is what it holds
-        steps = self._call(label, reporter, "highest_steps", own)
-        if steps is not None:
-          self._held[label] = {"run": run, **steps}
-      self._catch_up(label, reporter, step)
+      # what the tracker says it holds is what it holds
+      steps = self._call(label, reporter, "highest_steps", reporter.highest_steps)
+      if steps is not None:
+        self._held[label] = {"run": run, **steps}
+      if self._history is not None and self._lacks(label, step):
+        logged = self._history.rows(upto=step) if logged is None else logged
+        self._catch_up(label, reporter, logged)
     self.rewind(step)
 
-  def _catch_up(self, label: str, reporter: Reporter, step: int) -> None:
-    """metrics.csv's rows up to `step` (the restored one: never trained again) that the
-    tracker lacks (a SIGKILL came before they reached it, or a call failed), in order."""
+  def _lacks(self, label: str, step: int) -> bool:
     held = self._held[label]
-    if self._history is None or step <= min(held.get("train", -1), held.get("eval", -1)):
-      return
+    return step > min(held.get("train", -1), held.get("eval", -1))
+
+  def _catch_up(self, label: str, reporter: Reporter, logged: list) -> None:
+    """metrics.csv's rows up to the restored step (never trained again) that the tracker
+    lacks (a SIGKILL came before they reached it, or a call failed), in order."""
+    held = self._held[label]
     sent = False
-    for at, split, values in self._history.rows(upto=step):
+    for at, split, values in logged:
       if at > held.get(split, -1):
         sent = self.write_to(label, reporter, at, split, values, record=False) or sent
     if sent:
@@ -98,7 +102,7 @@ class Reporters:
   def write_to(self, label: str, reporter: Reporter, step: int, split: str, values: dict, *,
                record: bool = True) -> bool:
     """Hands a tracker that cannot rewind a step it does not hold; True if it took it."""
-    held = self._held.setdefault(label, {"run": getattr(reporter, "run_id", None)})
+    held = self._held.setdefault(label, {"run": reporter.run_id})
     if step <= held.get(split, -1):
       return False  # the tracker has this step already (logged before a kill or a rollback)
     if not self._call(label, reporter, "write", reporter.write, step, split, values, ok=True):
@@ -123,7 +127,7 @@ class Reporters:
 
   def _refused_on_failure(self, label: str, what: str, method, *args) -> None:
     try:
-      if getattr(method.__self__, "writes_model_dir", False):
+      if method.__self__.writes_model_dir:
         method(*args)
       else:
         preemption.bounded(method, *args, what=f"{label} {what}", limit_seconds=START_SECONDS,
@@ -146,7 +150,7 @@ class Reporters:
     """method(*args): its result (True with `ok`), or None after its one warning line, the
     reporter dropped. Model_dir's own writers are called directly: their StorageError
     is the run's."""
-    if getattr(reporter, "writes_model_dir", False):
+    if reporter.writes_model_dir:
       result = method(*args)
       return True if ok else result
     try:

@@ -39,11 +39,11 @@ _EVERY_ROW = {"train": "train/steps_per_sec", "eval": "eval/examples"}
 class MlflowLog(Reporter):
   """runtime.loggers' `mlflow` (contract.py): one distloop run's MLflow run."""
 
-  def __init__(self, runtime_config, model_dir: str, *, enabled: bool = True):
+  def __init__(self, runtime_config, model_dir: str):
     self._uri = runtime_config.mlflow_uri
     self._experiment = runtime_config.mlflow_experiment
     self._model_dir = model_dir
-    self._enabled = enabled and bool(self._uri)
+    self._enabled = bool(self._uri)  # runtime.loggers=mlflow without a URI is refused
     self._client = self._run_id = None
 
   @property

@@ -48,6 +48,20 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       check(config, field)
 
 
+def check_mode(config: ml_collections.ConfigDict, mode: str) -> None:
+  """UserError for a field that follows the evals during training (early stopping,
+  train.lr_on_plateau) in a mode that makes none."""
+  if mode == "train" and config.checkpoint.early_stop_patience:
+    raise UserError(f"checkpoint.early_stop_patience={config.checkpoint.early_stop_patience} "
+                    f"needs evals during training: --mode=train_and_eval (every "
+                    f"eval.interval steps)")
+  if mode in ("train", "train_and_eval") and config.train.lr_on_plateau.factor and (
+      mode == "train" or not config.eval.interval):
+    raise UserError(f"train.lr_on_plateau.factor={config.train.lr_on_plateau.factor} needs "
+                    f"evals during training: --mode=train_and_eval with eval.interval > 0 "
+                    f"(--mode={mode}, eval.interval={config.eval.interval})")
+
+
 # -- the checks FIELDS gives a field: each takes (config, "section.field") ---------------
 
 def _positive(config, field):
@@ -124,6 +138,32 @@ def _best_metric(config, field):
       and config.checkpoint.best_metric not in reported
       and not config.train.task):  # a Task's eval names are known once it is traced
     raise UserError(f"{field}={config.checkpoint.best_metric!r} is not reported "
+                    f"(choose from: {', '.join(reported)})")
+
+
+def _lr_on_plateau(config, field):
+  """train.lr_on_plateau.factor: 0 (off) or in (0, 1), and a combination that can act."""
+  _in_range(config, field, 0.0, 1.0, False)
+  settings, train = config.train.lr_on_plateau, config.train
+  if not settings.factor:
+    return
+  if plugins.is_plugin(train.optimizer):
+    raise UserError(f"{field}={settings.factor!r} scales the learning rate distloop builds; "
+                    f"train.optimizer={train.optimizer!r} builds its own: use a built-in "
+                    f"optimizer, or reduce the rate in your optimizer's own schedule")
+  if not train.learning_rate or settings.min_lr > train.learning_rate:
+    raise UserError(f"train.lr_on_plateau.min_lr={settings.min_lr!r} must not exceed "
+                    f"train.learning_rate={train.learning_rate!r} (> 0), which the factor "
+                    f"multiplies")
+
+
+def _plateau_metric(config, field):
+  reported = ["loss", *heads.check_config(config)] + [
+      heads.reported_name(output, plugins.name_of(spec))
+      for output, spec in heads.metric_entries(metric_specs(config.eval))]
+  if (config.train.lr_on_plateau.factor and config.train.lr_on_plateau.metric not in reported
+      and not config.train.task):  # a Task's eval names are known once it is traced
+    raise UserError(f"{field}={config.train.lr_on_plateau.metric!r} is not reported "
                     f"(choose from: {', '.join(reported)})")
 
 
@@ -331,6 +371,13 @@ FIELDS = {
     "train.warmup_steps": (_warmup, "trainer/task/optimizers.py"),
     "train.lr_decay_steps": (_positive, "trainer/task/optimizers.py"),
     "train.lr_decay_rate": (_in(0.0, 1.0), "trainer/task/optimizers.py"),
+    "train.lr_on_plateau.factor": (_lr_on_plateau, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.metric": (_plateau_metric, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.mode": (_among(BEST_MODES), "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.patience": (_positive, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.min_delta": (_non_negative, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.cooldown": (_non_negative, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.min_lr": (_non_negative, "trainer/loop/learning_rate.py"),
     "train.clip_grad_norm": (_non_negative, "trainer/task/optimizers.py"),
     "train.nonfinite_policy": (_among(NONFINITE_POLICIES), "trainer/loop/value_checks.py"),
     "train.max_rollbacks": (_non_negative, "trainer/loop/value_checks.py"),

@@ -78,8 +78,11 @@ def held(named: dict) -> dict:
 class TaskState:
   """Create inside `strategy.scope()`, after task.build()."""
 
-  def __init__(self, task, *, float16: bool):
+  def __init__(self, task, *, float16: bool, learning_rate_factor=None):
     self._task_name = type(task).__name__
+    # The run's learning rate factor (trainer/loop/learning_rate.py) or None: the step
+    # reads it, the checkpoints' meta holds its value (not a checkpointed variable).
+    self.learning_rate_factor = learning_rate_factor
     found = task.state()
     if not isinstance(found, dict):
       raise UserError(f"{self._task_name}.state() returned {type(found).__name__}, not a "
@@ -160,6 +163,8 @@ class TaskState:
     for variable in [*self.all_variables(),
                      *(v for o in self.optimizers.values() for v in o.variables)]:
       saved.update(_identities(variable))  # the learning rate: from the config, on purpose
+    if self.learning_rate_factor is not None:  # its value: in the meta (action_state)
+      saved.update(_identities(self.learning_rate_factor))
     for variable in graph.variables:
       if not saved.intersection(_identities(variable)):
         name = re.sub(r"/replica_\d+(?=:|$)", "", variable.name)

@@ -68,8 +68,11 @@ class TrainState:
                model_variables: dict, optimizer_variables: dict, agreement: Agreement,
                is_chief: bool, read_only: bool, task_name: str = "", may_change=None,
                shape: dict | None = None, replica_dependence: list[str] = (),
-               strategy_dependence: list[str] = ()):
+               strategy_dependence: list[str] = (), on_restore=None):
     self._config = config
+    # on_restore(action_state): what a restored step's action_state sets beyond the
+    # variables (the learning rate factor: trainer/loop/learning_rate.py); None: nothing.
+    self._on_restore = on_restore
     # The shape that trains (elastic.shape), recorded in each step's meta, and what makes
     # this task's trajectory depend on the replica count: an elastic resume is judged.
     self._shape = shape
@@ -210,6 +213,8 @@ class TrainState:
     checkpoints.assign_tree(model_variables, model_tree)
     checkpoints.assign_tree(optimizer_variables, optimizer_tree)
     self.action_state = copy.deepcopy(meta.get("actions", {}))
+    if self._on_restore is not None:
+      self._on_restore(self.action_state)
     return Position(step, int(meta["examples_consumed"])), None
 
   def _set_aside(self, unreadable: list, *, instead: str) -> None:

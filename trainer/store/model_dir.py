@@ -15,7 +15,8 @@
   summary.json          written when a run finishes
   finished.json         written by the chief last, when training ended: {"step": the final
                         step, "train_steps": the run's train.steps, "reason": "train.steps"
-                        or "stopped by <action>" (an Action's "stop", early_stop)};
+                        or "stopped by <action>" (an Action's "stop", early_stop), with
+                        ": <why>" where a trainer.Stop gave a reason};
                         removed when a run trains here again. What every waiter reads
                         (continuous_eval, the evaluator task: the final step is this one);
                         one that cannot be parsed, or whose step has no checkpoint, is
@@ -222,11 +223,13 @@ def finished_path(model_dir: str) -> str:
 
 
 def write_finished(model_dir: str, step: int, train_steps: int, *,
-                   stopped_by: str | None = None) -> None:
-  """The run ended at `step` (the last write of a finished run)."""
+                   stopped_by: str | None = None, why: str | None = None) -> None:
+  """The run ended at `step` (the last write of a finished run); `why`: the reason a
+  trainer.Stop gave."""
+  reason = f"stopped by {stopped_by}" if stopped_by else "train.steps"
   files.write_json(finished_path(model_dir), {
       "step": step, "train_steps": train_steps,
-      "reason": f"stopped by {stopped_by}" if stopped_by else "train.steps"})
+      "reason": f"{reason}: {why}" if why else reason})
 
 
 def clear_finished(model_dir: str) -> None:

@@ -21,8 +21,12 @@ class BuildContext:
   batch (batch dimension None); `probe`: a few real training examples (features,
   labels), eager; `strategy`: build() already runs in its scope."""
 
-  def __init__(self, config, features_spec, labels_spec, probe, strategy, load_weights):
+  def __init__(self, config, features_spec, labels_spec, probe, strategy, load_weights,
+               learning_rate_factor=None):
     self.config = config
+    # The run's learning rate factor (trainer/loop/learning_rate.py), or None: off.
+    self._learning_rate_factor = learning_rate_factor
+    self.factored_optimizers = 0  # how many optimizer() made on it
     self._load_weights = load_weights  # trainer/state/task_state.py: load_model_weights
     self.features_spec = features_spec
     self.labels_spec = labels_spec
@@ -32,7 +36,8 @@ class BuildContext:
   def optimizer(self, variables=None):
     """The optimizer of train.optimizer / learning_rate / lr_schedule, built for
     `variables` when given."""
-    optimizer = optimizers.create(self.config.train)
+    optimizer = optimizers.create(self.config.train, self._learning_rate_factor)
+    self.factored_optimizers += self._learning_rate_factor is not None
     if variables is not None:
       optimizer.build(variables)
     return optimizer

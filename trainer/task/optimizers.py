@@ -60,6 +60,26 @@ def learning_rate(train_config: ml_collections.ConfigDict):
   raise ValueError(f"unknown lr_schedule {schedule!r}")  # validation.py refuses it earlier
 
 
+class Factored(keras.optimizers.schedules.LearningRateSchedule):
+  """`base` (a rate, or a schedule of the step count) times `factor`, a float32 variable
+  of the run that trainer/loop/learning_rate.py assigns between loops (train.lr_on_plateau,
+  an Action with sets_learning_rate=True). Only when one is on: otherwise the optimizer
+  gets `base` itself, its variables as they always were."""
+
+  def __init__(self, base, factor: tf.Variable):
+    self.base = base
+    self.factor = factor
+
+  def __call__(self, step):
+    base = self.base
+    if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
+      base = base(step)
+    return tf.cast(base, tf.float32) * self.factor
+
+  def get_config(self):
+    return {"base": self.base, "factor": "the run's learning rate factor"}
+
+
 # train.optimizer's names -> Keras's classes; "momentum" is SGD with train.momentum.
 _CLASSES = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW",
             "adamax": "Adamax", "nadam": "Nadam", "rmsprop": "RMSprop", "adagrad": "Adagrad",
@@ -67,11 +87,13 @@ _CLASSES = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW",
             "lion": "Lion"}
 
 
-def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimizer:
+def create(train_config: ml_collections.ConfigDict,
+           learning_rate_factor: tf.Variable | None = None) -> keras.optimizers.Optimizer:
   """train.optimizer: a Keras optimizer by name, with train.learning_rate (or its schedule),
   train.weight_decay and train.optimizer_args; or MODULE:FUNCTION(train_config) returning
   a Keras optimizer. Either way checked (`check_supported`) and given
-  train.weight_decay_exclude."""
+  train.weight_decay_exclude. `learning_rate_factor`: the rate is `Factored` by it (a
+  built-in optimizer only: a user's builds its own rate, refused where a factor is on)."""
   spec = train_config.optimizer
   if plugins.is_plugin(spec):
     optimizer = plugins.call("train.optimizer", spec,
@@ -79,6 +101,10 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
     if not isinstance(optimizer, keras.optimizers.Optimizer):
       raise UserError(f"train.optimizer={spec!r} returned {type(optimizer).__name__}, not a "
                       f"keras.optimizers.Optimizer")
+    if learning_rate_factor is not None:  # validation.py refuses train.lr_on_plateau first
+      raise UserError(f"train.optimizer={spec!r} builds its own learning rate, which a "
+                      f"learning rate factor (train.lr_on_plateau, an Action with "
+                      f"sets_learning_rate=True) cannot scale: use a built-in optimizer")
   else:
     arguments = validation.optimizer_arguments(train_config)
     if spec in ("momentum", "rmsprop"):
@@ -89,7 +115,10 @@ def create(train_config: ml_collections.ConfigDict) -> keras.optimizers.Optimize
       arguments.update(use_ema=True, ema_momentum=train_config.ema_decay)
     cls = getattr(keras.optimizers, _CLASSES[spec])
     try:
-      optimizer = cls(learning_rate=learning_rate(train_config), **arguments)
+      rate = learning_rate(train_config)
+      if learning_rate_factor is not None:
+        rate = Factored(rate, learning_rate_factor)
+      optimizer = cls(learning_rate=rate, **arguments)
     except (TypeError, ValueError) as error:
       raise UserError(f"train.optimizer_args={train_config.optimizer_args!r}: {cls.__name__} "
                       f"refused them: {str(error).splitlines()[0]}") from None
