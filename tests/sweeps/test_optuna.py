@@ -12,12 +12,15 @@ import os
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.support.cli import train_ok
-from tests.support.processes import TrainerProcess, assert_same_state, checkpoint_arrays
+from tests.support.cli import REPO, train_ok, user_environment
+from tests.support.processes import (TrainerProcess, assert_same_state, checkpoint_arrays,
+                                     dies_with_its_test)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("optuna") is None,
@@ -105,6 +108,22 @@ def test_a_trial_run_again_alone_equals_its_run_in_the_study(unkilled, tmp_path)
   assert alone["eval_loss"] == in_study["eval_loss"]
   assert_same_state(checkpoint_arrays(tmp_path / "alone", 200),
                     checkpoint_arrays(trial_dir, 200), atol=0.0)
+
+
+def test_a_pruned_trials_job_passes_trainer_verify(unkilled, tmp_path):
+  """`python -m trainer.verify` on the config a pruned trial recorded: its job resumes
+  bit for bit from SIGTERM and SIGKILL, and its eval and export equal fresh processes'."""
+  root, trials = unkilled
+  number = next(number for number, state, _, _ in trials if state == "PRUNED")
+  completed = subprocess.run(
+      [*dies_with_its_test(), sys.executable, "-m", "trainer.verify",
+       f"--config={root / f'trial_{number}' / 'config.json'}", "--shapes=1", "--steps=8",
+       f"--scratch={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600,
+      env=user_environment())
+  assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+  verdicts = re.findall(r"^(repeat|sigterm|sigkill|eval twice|eval|export) +(\w+)",
+                        completed.stdout, re.M)
+  assert len(verdicts) == 6 and all(v == "holds" for _, v in verdicts), completed.stdout
 
 
 def test_a_study_killed_mid_trial_and_rerun_ends_as_the_unkilled_one(unkilled, tmp_path):
