@@ -190,6 +190,17 @@ def test_a_decision_at_a_phase_is_refused_in_one_line_naming_it(tmp_path, phase)
   assert "which a phase cannot honour" in message and "\n" not in message
 
 
+def test_an_api_action_that_is_not_an_action_is_one_line(tmp_path):
+  """trainer.run(actions=[a function]): one UserError naming what it got, no checkpoint.
+  Catches: the list taken unchecked (an AttributeError traceback from deep in the loop)."""
+  import trainer  # pylint: disable=g-import-not-at-top
+  from trainer.errors import UserError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match=r"^trainer.run\(actions=...\) holds a function, not a "
+                                      r"trainer.Action$"):
+    trainer.run(_quick_config(steps=2), str(tmp_path), actions=[lambda boundary: None])
+  assert not (tmp_path / "checkpoints").exists()
+
+
 _AT_BOUNDARIES = ["--config=synthetic", "--config.train.steps=40",
                   "--config.train.steps_per_loop=10", "--config.checkpoint.interval=10",
                   "--config.model.conv_filters=8", "--config.model.dense_units=16",

@@ -15,12 +15,18 @@ import ray
 
 from tests.support.cli import REPO
 
-if __name__ == "__main__":
+def run_example(name: str, value: str):
+  """examples/`name` as `python examples/NAME ARGS` runs it, on a local Ray cluster bound to
+  127.0.0.1 (ARGS: this process's); the example's global `value` (what its user reads)."""
   ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
            num_cpus=max(2, os.cpu_count() or 1), object_store_memory=100 * 1024 * 1024)
-  example = os.path.join(REPO, "examples", "ray_train.py")
+  example = os.path.join(REPO, "examples", name)
   sys.argv = [example, *sys.argv[1:]]
-  result = runpy.run_path(example, run_name="__main__")["result"]
+  return runpy.run_path(example, run_name="__main__")[value]
+
+
+if __name__ == "__main__":
+  result = run_example("ray_train.py", "result")
   if os.environ.get("RAY_JOB_RESULT"):
     from trainer import ray_train
     frame = result.metrics_dataframe

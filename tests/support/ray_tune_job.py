@@ -9,13 +9,10 @@ result's step and eval_/train_ values), `steps` (metrics_dataframe's step column
 `best` (get_best_result's trial id and checkpoint_dir)."""
 import json
 import os
-import runpy
-import sys
 
 import trainer  # noqa: F401  first, as the example does: the CPU kernels, before TensorFlow
-import ray
 
-from tests.support.cli import REPO
+from tests.support.ray_job import run_example
 
 
 def _checkpoint_dir(result):
@@ -28,11 +25,7 @@ def _checkpoint_dir(result):
 
 
 if __name__ == "__main__":
-  ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
-           num_cpus=max(2, os.cpu_count() or 1), object_store_memory=100 * 1024 * 1024)
-  example = os.path.join(REPO, "examples", "ray_tune_sweep.py")
-  sys.argv = [example, *sys.argv[1:]]
-  results = runpy.run_path(example, run_name="__main__")["results"]
+  results = run_example("ray_tune_sweep.py", "results")
   if os.environ.get("RAY_TUNE_RESULT"):
     trials = []
     for result in sorted(results, key=lambda r: r.path):  # the grid's order: trial index

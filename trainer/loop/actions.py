@@ -193,6 +193,15 @@ def resolve(specs: str, config) -> list[Action]:
   return found
 
 
+def checked(given) -> list[Action]:
+  """trainer.run(..., actions=[...]): each a trainer.Action (UserError otherwise)."""
+  for action in given:
+    if not isinstance(action, Action):
+      raise UserError(f"trainer.run(actions=...) holds a {type(action).__name__}, not a "
+                      f"trainer.Action")
+  return list(given)
+
+
 class Schedule:
   """The run's actions in order; what is due at a boundary, and the next boundary."""
 

@@ -92,7 +92,8 @@ class Trainer:
     # train.epochs (trainer/setup/epochs.py): config.train.steps were derived from the newest
     # checkpoint's data position; the one restored must make the same steps.
     self._epoch_plan = epoch_plan
-    self._user_actions = [*actions_module.resolve(config.train.actions, config), *actions,
+    self._user_actions = [*actions_module.resolve(config.train.actions, config),
+                          *actions_module.checked(actions),
                           *digests.requested()]  # python -m trainer.verify's digests
     # The user's actions at the run's phases (restored, eval, export, summary).
     self._phases = actions_module.Schedule(self._user_actions, config.train.steps)

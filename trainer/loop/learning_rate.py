@@ -32,7 +32,7 @@ def wanted(config, user_actions) -> bool:
   """Whether the optimizers run on a factor: train.lr_on_plateau is on, or an Action
   declares sets_learning_rate=True."""
   return bool(config.train.lr_on_plateau.factor) or any(
-      getattr(action, "sets_learning_rate", False) for action in user_actions)
+      action.sets_learning_rate for action in user_actions)
 
 
 def saved_factor(action_state: dict) -> float:

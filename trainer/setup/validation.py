@@ -130,15 +130,18 @@ def _top_k(config, field):
     _positive(config, field)
 
 
-def _best_metric(config, field):
-  reported = ["loss", *heads.check_config(config)] + [
-      heads.reported_name(output, plugins.name_of(spec))
-      for output, spec in heads.metric_entries(metric_specs(config.eval))]
-  if ((config.checkpoint.keep_best or config.checkpoint.early_stop_patience)
-      and config.checkpoint.best_metric not in reported
-      and not config.train.task):  # a Task's eval names are known once it is traced
-    raise UserError(f"{field}={config.checkpoint.best_metric!r} is not reported "
-                    f"(choose from: {', '.join(reported)})")
+def _eval_metric(used, value_of):
+  """A field naming an eval value (checkpoint.best_metric, train.lr_on_plateau.metric):
+  refused when `used(config)` and the eval does not report it."""
+  def check(config, field):
+    reported = ["loss", *heads.check_config(config)] + [
+        heads.reported_name(output, plugins.name_of(spec))
+        for output, spec in heads.metric_entries(metric_specs(config.eval))]
+    if (used(config) and value_of(config) not in reported
+        and not config.train.task):  # a Task's eval names are known once it is traced
+      raise UserError(f"{field}={value_of(config)!r} is not reported "
+                      f"(choose from: {', '.join(reported)})")
+  return check
 
 
 def _lr_on_plateau(config, field):
@@ -155,16 +158,6 @@ def _lr_on_plateau(config, field):
     raise UserError(f"train.lr_on_plateau.min_lr={settings.min_lr!r} must not exceed "
                     f"train.learning_rate={train.learning_rate!r} (> 0), which the factor "
                     f"multiplies")
-
-
-def _plateau_metric(config, field):
-  reported = ["loss", *heads.check_config(config)] + [
-      heads.reported_name(output, plugins.name_of(spec))
-      for output, spec in heads.metric_entries(metric_specs(config.eval))]
-  if (config.train.lr_on_plateau.factor and config.train.lr_on_plateau.metric not in reported
-      and not config.train.task):  # a Task's eval names are known once it is traced
-    raise UserError(f"{field}={config.train.lr_on_plateau.metric!r} is not reported "
-                    f"(choose from: {', '.join(reported)})")
 
 
 def _init_partial(config, field):
@@ -372,7 +365,9 @@ FIELDS = {
     "train.lr_decay_steps": (_positive, "trainer/task/optimizers.py"),
     "train.lr_decay_rate": (_in(0.0, 1.0), "trainer/task/optimizers.py"),
     "train.lr_on_plateau.factor": (_lr_on_plateau, "trainer/loop/learning_rate.py"),
-    "train.lr_on_plateau.metric": (_plateau_metric, "trainer/loop/learning_rate.py"),
+    "train.lr_on_plateau.metric": (_eval_metric(
+        lambda config: config.train.lr_on_plateau.factor,
+        lambda config: config.train.lr_on_plateau.metric), "trainer/loop/learning_rate.py"),
     "train.lr_on_plateau.mode": (_among(BEST_MODES), "trainer/loop/learning_rate.py"),
     "train.lr_on_plateau.patience": (_positive, "trainer/loop/learning_rate.py"),
     "train.lr_on_plateau.min_delta": (_non_negative, "trainer/loop/learning_rate.py"),
@@ -403,7 +398,9 @@ FIELDS = {
     "checkpoint.best_mode": (_among(BEST_MODES), "trainer/state/train_state.py"),
     "checkpoint.early_stop_patience": (_non_negative, "trainer/loop/boundary.py"),
     "checkpoint.early_stop_min_delta": (_non_negative, "trainer/loop/boundary.py"),
-    "checkpoint.best_metric": (_best_metric, "trainer/state/train_state.py"),
+    "checkpoint.best_metric": (_eval_metric(
+        lambda config: config.checkpoint.keep_best or config.checkpoint.early_stop_patience,
+        lambda config: config.checkpoint.best_metric), "trainer/state/train_state.py"),
     # Staged and read where it acts (trainer/api.py check_config calls it after these).
     "checkpoint.init_from": (None, "trainer/store/model_dir.py"),
     "checkpoint.init_partial": (_init_partial, "trainer/state/train_state.py"),

@@ -67,6 +67,8 @@ class _EvalReporter:
   def __init__(self, trial, metric: str):
     self._trial = trial
     self._metric = metric
+    # The steps the trial holds (a retry may inherit some), read once: each report adds one.
+    self._reported = set(_frozen(trial).intermediate_values)
 
   def at_eval(self, boundary) -> Stop | None:
     """after_eval: this eval reported; a Stop where the pruner says so."""
@@ -94,8 +96,9 @@ class _EvalReporter:
         self._report(step, values[self._metric])
 
   def _report(self, step: int, value: float) -> None:
-    if step not in _frozen(self._trial).intermediate_values:
+    if step not in self._reported:
       self._trial.report(value, step)
+      self._reported.add(step)
 
 
 def _frozen(trial):
